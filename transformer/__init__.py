@@ -1,0 +1,1 @@
+"""The original Transformer: model, search and training pieces."""
