@@ -1,0 +1,442 @@
+"""Checkpoints: atomic writes, safe loads, averaging, and the file layout of a run directory.
+
+A checkpoint is a plain dict (see docs/DESIGN.md) of tensors, numbers, strings, None, bools and nested
+dicts/lists/tuples of them, so it loads with `torch.load(weights_only=True)`: loading never runs pickled
+code. Layout of `run_dir/checkpoints/`:
+
+    step-00012000.pt   numbered, every train.save_every_steps (the ones averaged and pruned)
+    last.pt            the newest training state (resume reads this)
+    averaged.pt        the mean of the last train.average_last numbered checkpoints (weights only)
+    best.pt            the best by train.best_metric
+
+Command line (averages model weights; one-line errors, exit status 2):
+
+    python -m transformer.checkpoint average OUT.pt IN1.pt IN2.pt ...
+    python -m transformer.checkpoint average OUT.pt --last 5 --run-dir runs/base-wmt14_en_de
+"""
+
+import argparse
+import logging
+import os
+import pickle
+import re
+import secrets
+import shutil
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT_VERSION = 1
+
+_NUMBERED = re.compile(r"step-(\d+)\.pt")
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(Exception):
+    """A user error about a checkpoint; `str(error)` is a one-line message naming the file and what to do."""
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+
+def save(obj: dict, path: str | os.PathLike) -> None:
+    """Write `obj` to `path` atomically: a temporary file in the same directory, fsync, rename, fsync dir.
+
+    A crash or a failed write (disk full, unwritable directory) never leaves a partial file under `path`,
+    and whatever was at `path` before stays intact. I/O failures raise CheckpointError.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException as e:
+        _remove_quietly(tmp)
+        os_error = _os_error_in_chain(e)
+        if os_error is None:
+            raise  # not an I/O failure (e.g. an object torch cannot serialise): a bug, keep the traceback
+        reason = os_error.strerror or str(os_error)
+        raise CheckpointError(
+            f"could not write checkpoint {path}: {reason}; free some space or choose another run_dir "
+            "(earlier checkpoints are intact)"
+        ) from e
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename durable. Some filesystems refuse fsync on a directory; the rename stands anyway."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove_quietly(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def _os_error_in_chain(error: BaseException) -> OSError | None:
+    """torch.save reports a failed write as a RuntimeError whose __context__ is the OSError."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Make `dst` (e.g. last.pt) hold the same bytes as `src` (a numbered checkpoint), atomically.
+
+    A hard link costs no space or time; where the filesystem has none, a copy. Either way the new name
+    appears by rename, so `dst` is never partial. Sharing an inode is safe: `save` never writes in place.
+    """
+    src, dst = Path(src), Path(dst)
+    tmp = dst.with_name(f".{dst.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, dst)
+        _fsync_dir(dst.parent)
+    except OSError as e:
+        _remove_quietly(tmp)
+        raise CheckpointError(
+            f"could not write checkpoint {dst}: {e.strerror or e}; free some space or choose another run_dir"
+        ) from e
+
+
+def spm_tensor(model_proto: bytes) -> torch.Tensor:
+    """The SentencePiece model as a uint8 tensor: bytes that `weights_only` loading accepts."""
+    if not model_proto:
+        return torch.zeros(0, dtype=torch.uint8)
+    return torch.frombuffer(bytearray(model_proto), dtype=torch.uint8)
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def load(path: str | os.PathLike, map_location: Any = "cpu", *, mmap: bool = False) -> dict:
+    """Load one of our checkpoints with `torch.load(weights_only=True)`; every failure is a CheckpointError.
+
+    mmap=True maps tensor data instead of reading it (cheap: for peeking at `step` or `model_config`).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    if not path.is_file():
+        raise CheckpointError(
+            f"checkpoint {path} is not a file; pass a .pt file (in a run directory: checkpoints/last.pt)"
+        )
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")  # a raw pickle: we refuse it
+            obj = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except Exception as e:  # truncated zips, EOF, bad offsets, refused globals: torch raises many types
+        detail = _summary(e)
+        if isinstance(e, pickle.UnpicklingError) and "global" in str(e).lower():
+            raise CheckpointError(
+                f"refused to load {path}: it contains pickled code or objects that are not plain tensors "
+                f"({detail}); only load checkpoints you trust"
+            ) from None
+        raise CheckpointError(
+            f"could not read checkpoint {path}: the file is truncated, corrupted or not written by torch.save "
+            f"({detail}); use another checkpoint"
+        ) from None
+    if not isinstance(obj, dict) or "format_version" not in obj or "model" not in obj:
+        raise CheckpointError(
+            f"{path} is a foreign checkpoint (no format_version/model keys): this framework reads only the "
+            "checkpoints it writes"
+        )
+    version = obj["format_version"]
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise CheckpointError(f"{path} is a foreign checkpoint (format_version {version!r} is not an integer)")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} has checkpoint format {version}, newer than this code reads ({FORMAT_VERSION}); "
+            "upgrade the framework"
+        )
+    return obj
+
+
+def _summary(error: Exception) -> str:
+    """The first sentence of an error's first meaningful line: torch's messages run to paragraphs."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    line = next((x for x in lines if "unsupported" in x.lower()), lines[0] if lines else "")
+    line = line.split(". ")[0].rstrip(".")
+    if len(line) > 160:
+        line = line[:157] + "..."
+    return line or type(error).__name__
+
+
+def spm_bytes(state: dict) -> bytes:
+    """The SentencePiece model stored in a loaded checkpoint (see `spm_tensor`)."""
+    proto = state.get("spm_model")
+    if not isinstance(proto, torch.Tensor) or proto.dtype != torch.uint8 or proto.numel() == 0:
+        raise CheckpointError("the checkpoint holds no SentencePiece model (spm_model); it cannot be used alone")
+    return proto.numpy().tobytes()
+
+
+# -------------------------------------------------------------------------------------------- averaging
+
+
+def average(paths: list[str | os.PathLike]) -> dict:
+    """An "averaged" checkpoint: the element-wise mean of the models' weights (no optimizer state).
+
+    Floating tensors are summed in float64 and cast back to their dtype; integer buffers, the model
+    config, the SentencePiece model and the run config come from the last path. `step` is the newest of
+    the steps, `averaged_steps` lists them in the order given. Loads one checkpoint at a time.
+    """
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    sums: dict[str, torch.Tensor] = {}
+    steps: list[int] = []
+    reference = None  # (path, what must match) of the first checkpoint
+    for path in paths:
+        ckpt = last = None  # one checkpoint in memory at a time
+        ckpt = load(path)
+        if not isinstance(ckpt.get("step"), int):
+            raise CheckpointError(f"{path} has no training step; it cannot be averaged")
+        steps.append(ckpt["step"])
+        signature = _architecture(ckpt)
+        if reference is None:
+            reference = (path, signature)
+        else:
+            _check_same_architecture(reference[0], reference[1], path, signature)
+        for name, tensor in ckpt["model"].items():
+            if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+                if name in sums:
+                    sums[name] += tensor.double()
+                else:
+                    sums[name] = tensor.to(torch.float64, copy=True)
+        last = ckpt
+    averaged_model = {}
+    for name, tensor in last["model"].items():
+        if name in sums:
+            averaged_model[name] = (sums[name] / len(paths)).to(tensor.dtype)
+        else:
+            averaged_model[name] = tensor  # integer buffers (and non-tensor extra state): the last one's
+    return {
+        "format_version": FORMAT_VERSION,
+        "kind": "averaged",
+        "model_config": last.get("model_config"),
+        "model": averaged_model,
+        "spm_model": last.get("spm_model"),
+        "config": last.get("config"),
+        "step": max(steps),
+        "averaged_steps": steps,
+    }
+
+
+def _architecture(ckpt: dict) -> dict:
+    """What two checkpoints must share to be averaged: parameter names and shapes, config, vocabulary."""
+    return {
+        "shapes": {
+            name: tuple(t.shape) if isinstance(t, torch.Tensor) else None for name, t in ckpt["model"].items()
+        },
+        "model_config": ckpt.get("model_config"),
+        "spm_model": ckpt.get("spm_model"),
+    }
+
+
+def _check_same_architecture(path_a, a: dict, path_b, b: dict) -> None:
+    shapes_a, shapes_b = a["shapes"], b["shapes"]
+    if shapes_a.keys() != shapes_b.keys():
+        differing = sorted(shapes_a.keys() ^ shapes_b.keys())
+        raise CheckpointError(
+            f"cannot average {path_a} and {path_b}: different architectures (parameters "
+            f"{', '.join(differing[:5])}{' ...' if len(differing) > 5 else ''} are in only one)"
+        )
+    for name, shape in shapes_a.items():
+        if shape != shapes_b[name]:
+            raise CheckpointError(
+                f"cannot average {path_a} and {path_b}: different architectures ({name} has shape "
+                f"{shape} vs {shapes_b[name]})"
+            )
+    if a["model_config"] != b["model_config"]:
+        raise CheckpointError(f"cannot average {path_a} and {path_b}: their model configs differ")
+    spm_a, spm_b = a["spm_model"], b["spm_model"]
+    if isinstance(spm_a, torch.Tensor) and isinstance(spm_b, torch.Tensor) and not torch.equal(spm_a, spm_b):
+        raise CheckpointError(f"cannot average {path_a} and {path_b}: they use different vocabularies")
+
+
+# ------------------------------------------------------------------------------------ run-directory layout
+
+
+def checkpoint_dir(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def numbered_path(run_dir: str | os.PathLike, step: int) -> Path:
+    return checkpoint_dir(run_dir) / f"step-{step:08d}.pt"
+
+
+def last_path(run_dir: str | os.PathLike) -> Path:
+    return checkpoint_dir(run_dir) / "last.pt"
+
+
+def averaged_path(run_dir: str | os.PathLike) -> Path:
+    return checkpoint_dir(run_dir) / "averaged.pt"
+
+
+def best_path(run_dir: str | os.PathLike) -> Path:
+    return checkpoint_dir(run_dir) / "best.pt"
+
+
+def run_dir_of(checkpoint_path: str | os.PathLike) -> Path | None:
+    """The run directory a checkpoint file belongs to (run_dir/checkpoints/x.pt), or None for a loose file."""
+    path = Path(checkpoint_path).resolve()
+    return path.parent.parent if path.parent.name == "checkpoints" else None
+
+
+def list_numbered(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """The numbered checkpoints of a run as (step, path), oldest first."""
+    return _numbered_in(checkpoint_dir(run_dir))
+
+
+def _numbered_in(directory: Path) -> list[tuple[int, Path]]:
+    if not directory.is_dir():
+        return []
+    found = []
+    for path in directory.iterdir():
+        match = _NUMBERED.fullmatch(path.name)
+        if match and path.is_file():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def prune(run_dir: str | os.PathLike, keep_last: int) -> list[Path]:
+    """Delete the oldest numbered checkpoints beyond the newest `keep_last` (<= 0: keep all); returns them."""
+    if keep_last <= 0:
+        return []
+    doomed = [path for _, path in list_numbered(run_dir)[:-keep_last]]
+    for path in doomed:
+        _remove_quietly(path)
+    return doomed
+
+
+def resolve(path: str | os.PathLike) -> Path:
+    """The checkpoint file to translate with, given a .pt file or a run directory.
+
+    In a run directory (or its checkpoints/ folder): averaged.pt when its `step` is at least last.pt's,
+    else last.pt; with neither, the newest numbered checkpoint.
+    """
+    path = Path(path)
+    if path.is_file():
+        return path
+    if not path.exists():
+        raise CheckpointError(f"checkpoint not found: {path} (expected a .pt file or a run directory)")
+    directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    averaged, last = directory / "averaged.pt", directory / "last.pt"
+    if averaged.is_file() and last.is_file():
+        return averaged if _step_of(averaged) >= _step_of(last) else last
+    if averaged.is_file():
+        return averaged
+    if last.is_file():
+        return last
+    numbered = _numbered_in(directory)
+    if numbered:
+        return numbered[-1][1]
+    raise CheckpointError(
+        f"no checkpoint in {path}: looked for {averaged}, {last} and {directory}/step-*.pt; "
+        "pass a run directory that has trained, or a .pt file"
+    )
+
+
+def _step_of(path: Path) -> int:
+    """The `step` stored in a checkpoint, read without loading its tensors (memory-mapped)."""
+    step = load(path, mmap=True).get("step")
+    if not isinstance(step, int):
+        raise CheckpointError(f"{path} has no training step; pass the .pt file you want explicitly")
+    return step
+
+
+def latest_resumable(run_dir: str | os.PathLike) -> Path | None:
+    """The checkpoint to resume from: last.pt; if it is unreadable, the newest readable numbered one
+    (with a warning); None when there is no last.pt (a fresh run).
+
+    Raises CheckpointError when last.pt is unreadable and no numbered checkpoint can replace it: starting
+    over silently would overwrite the run.
+    """
+    last = last_path(run_dir)
+    if not last.exists():
+        return None
+    try:
+        load(last, mmap=True)
+        return last
+    except CheckpointError as e:
+        problem = str(e)
+    for step, path in reversed(list_numbered(run_dir)):
+        try:
+            load(path, mmap=True)
+        except CheckpointError:
+            continue
+        log.warning("%s; resuming from %s (step %d) instead", problem, path, step)
+        return path
+    raise CheckpointError(
+        f"{problem}; no readable numbered checkpoint either: delete {checkpoint_dir(run_dir)} to start over "
+        "or choose another run_dir"
+    )
+
+
+# ------------------------------------------------------------------------------------------ command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m transformer.checkpoint", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    avg = commands.add_parser("average", help="average the model weights of several checkpoints")
+    avg.add_argument("out", help="the averaged checkpoint to write")
+    avg.add_argument("inputs", nargs="*", help="checkpoints to average")
+    avg.add_argument("--last", type=int, help="average the newest N numbered checkpoints of --run-dir")
+    avg.add_argument("--run-dir", help="the run directory for --last")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.inputs and (args.last is not None or args.run_dir is not None):
+            raise CheckpointError("give either input checkpoints or --last N --run-dir DIR, not both")
+        if args.inputs:
+            paths = [Path(p) for p in args.inputs]
+        elif args.last is not None and args.run_dir is not None:
+            if args.last <= 0:
+                raise CheckpointError(f"--last must be positive, got {args.last}")
+            numbered = list_numbered(args.run_dir)
+            if not numbered:
+                raise CheckpointError(f"no numbered checkpoints in {checkpoint_dir(args.run_dir)}")
+            paths = [path for _, path in numbered[-args.last :]]
+            if len(paths) < args.last:
+                print(f"warning: only {len(paths)} numbered checkpoints in {args.run_dir}", file=sys.stderr)
+        else:
+            raise CheckpointError("give input checkpoints, or --last N --run-dir DIR")
+        averaged = average(paths)
+        save(averaged, args.out)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}: the average of steps {', '.join(map(str, averaged['averaged_steps']))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

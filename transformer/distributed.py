@@ -1,0 +1,76 @@
+"""Thin helpers over torch.distributed for runs under torchrun (one process per device).
+
+torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; a plain `python train.py` sets
+none of them and runs as world size 1 without a process group. All collectives are no-ops at world size 1.
+"""
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 writes checkpoints, logs and TensorBoard events."""
+        return self.rank == 0
+
+
+def init_from_env(device_type: str, *, timeout_s: float = 120.0) -> DistInfo:
+    """Join the process group torchrun describes in the environment, or run alone when WORLD_SIZE <= 1.
+
+    Backend: NCCL for "cuda" (after selecting the device LOCAL_RANK), gloo otherwise. `timeout_s` bounds
+    how long a collective (and joining) waits for a dead or stuck peer before raising instead of hanging.
+    """
+    world_size = _env_int("WORLD_SIZE", 1)
+    if world_size <= 1:
+        return DistInfo(rank=0, world_size=1, local_rank=0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend="nccl" if device_type == "cuda" else "gloo",
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    return DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank)
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer (set by torchrun)") from None
+
+
+def _active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum `tensor` over all ranks in place and return it; unchanged at world size 1."""
+    if _active():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def barrier() -> None:
+    if _active():
+        dist.barrier()
+
+
+def cleanup() -> None:
+    """Leave the process group (call once at the end of the run, on every rank)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
