@@ -1,0 +1,190 @@
+"""Token batching (fairseq's `max_tokens`), the data order over epochs and ranks, and collation.
+
+- `batch_by_size`: a pure function of the lengths and the budget. Pairs are sorted by padded size, so a
+  batch holds pairs of similar length; a batch's padded size, batch size × max(longest source + EOS,
+  longest target + 1), never exceeds `max_tokens`. A pair that alone exceeds it is skipped and counted,
+  never truncated.
+- `BatchStream`: the fixed batches, reshuffled each epoch from (seed, epoch), read as one endless global
+  stream. Update u takes the next world_size × update_freq batches of the stream (crossing into the
+  next epoch when needed: no partial updates) and rank r gets slots r·k … r·k+k-1 of them, so N ranks ×
+  k passes consume exactly the batches of 1 rank × N·k passes. Its position (epoch, offset into the
+  epoch) is in global-stream terms, so it can be saved and restored under another world size.
+- `collate`: pad one batch into tensors; teacher forcing: decoder input [BOS] + y, labels y + [EOS].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import torch
+
+from data.errors import DataError
+from data.vocab import BOS_ID, EOS_ID, PAD_ID
+
+
+def batch_by_size(src_lens, tgt_lens, max_tokens: int) -> tuple[list[np.ndarray], int]:
+    """Group pair indices into batches whose padded size stays within `max_tokens`.
+
+    Lengths are in pieces without specials; what gets padded is the source + EOS and the target + 1
+    (BOS + y as decoder input, y + EOS as labels). Returns (batches, number of skipped pairs). The
+    batches are in increasing size order; `BatchStream` shuffles them.
+    """
+    if max_tokens < 2:
+        raise ValueError(f"max_tokens must be >= 2, got {max_tokens}")
+    src = np.asarray(src_lens, dtype=np.int64) + 1
+    tgt = np.asarray(tgt_lens, dtype=np.int64) + 1
+    if src.shape != tgt.shape or src.ndim != 1:
+        raise ValueError(f"src_lens and tgt_lens must be 1-D of one length, got {src.shape} and {tgt.shape}")
+    size = np.maximum(src, tgt)
+    order = np.lexsort((src, tgt, size))  # by padded size, then target, then source length (stable)
+    fits = int(np.count_nonzero(size <= max_tokens))
+    order, sizes = order[:fits], size[order[:fits]]  # the oversized pairs sort last
+    batches = []
+    start = 0
+    while start < fits:
+        # sizes is non-decreasing, so (count × size of the last pair) grows along the window, and the
+        # batch is the longest prefix that stays within the budget.
+        window = sizes[start : start + max_tokens // sizes[start]]
+        count = int(np.count_nonzero(np.arange(1, window.size + 1) * window <= max_tokens))
+        batches.append(order[start : start + count])
+        start += count
+    return batches, len(size) - fits
+
+
+class BatchStream:
+    """The endless, deterministic order of batches over epochs, dealt to the ranks of each update.
+
+    Iterating (or `next_update()`) yields, per update, this rank's `update_freq` items `(slot, indices)`:
+    `slot` is the batch's index within the update (0 … world_size·update_freq - 1, the same whatever the
+    world size), `indices` the dataset rows of the batch. `skipped` counts the pairs over the budget.
+    """
+
+    def __init__(self, src_lens, tgt_lens, *, max_tokens: int, seed: int, world_size: int = 1, rank: int = 0,
+                 update_freq: int = 1):
+        batches, skipped = batch_by_size(src_lens, tgt_lens, max_tokens)
+        if not batches:
+            raise DataError(f"no training batch: all {skipped} pairs are longer than train.max_tokens={max_tokens}")
+        self._setup(batches, seed=seed, world_size=world_size, rank=rank, update_freq=update_freq)
+        self.skipped = skipped
+
+    @classmethod
+    def from_batches(cls, batches: Sequence[np.ndarray], *, seed: int, world_size: int = 1, rank: int = 0,
+                     update_freq: int = 1) -> BatchStream:
+        """A stream over given batches (e.g. from `batch_by_size`)."""
+        if not batches:
+            raise ValueError("no batches")
+        stream = cls.__new__(cls)
+        stream._setup(list(batches), seed=seed, world_size=world_size, rank=rank, update_freq=update_freq)
+        stream.skipped = 0
+        return stream
+
+    def _setup(self, batches: list[np.ndarray], *, seed: int, world_size: int, rank: int, update_freq: int) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world size {world_size}")
+        if update_freq < 1:
+            raise ValueError(f"update_freq must be >= 1, got {update_freq}")
+        self.batches = batches
+        self.seed, self.world_size, self.rank, self.update_freq = seed, world_size, rank, update_freq
+        self._epoch, self._offset = 0, 0
+        self._order: tuple[int, np.ndarray] | None = None
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return len(self.batches)
+
+    @property
+    def epoch(self) -> int:
+        """Epochs completed (0-based epoch of the next batch of the stream)."""
+        return self._epoch
+
+    @property
+    def offset(self) -> int:
+        """Position of the next batch within its epoch's shuffled order."""
+        return self._offset
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The shuffled batch numbers of `epoch`, from (seed, epoch) alone."""
+        if self._order is None or self._order[0] != epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            self._order = (epoch, rng.permutation(len(self.batches)))
+        return self._order[1]
+
+    def next_update(self) -> list[tuple[int, np.ndarray]]:
+        """This rank's batches of the next update; every rank advances the position by the whole update."""
+        k = self.update_freq
+        mine = []
+        for slot in range(self.world_size * k):
+            if self.rank * k <= slot < (self.rank + 1) * k:
+                mine.append((slot, self.batches[self.epoch_order(self._epoch)[self._offset]]))
+            self._offset += 1
+            if self._offset == len(self.batches):
+                self._epoch, self._offset = self._epoch + 1, 0
+        return mine
+
+    def __iter__(self) -> Iterator[list[tuple[int, np.ndarray]]]:
+        while True:
+            yield self.next_update()
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self._epoch, "offset": self._offset, "batches_per_epoch": len(self.batches)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["batches_per_epoch"] != len(self.batches):
+            raise DataError(
+                f"the saved data position is for {state['batches_per_epoch']} batches per epoch, but this run has "
+                f"{len(self.batches)}: the corpus, vocabulary or train.max_tokens changed since it was saved"
+            )
+        if not 0 <= state["offset"] < len(self.batches) or state["epoch"] < 0:
+            raise ValueError(f"invalid data position {state}")
+        self._epoch, self._offset = int(state["epoch"]), int(state["offset"])
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One padded batch (B pairs). Axis letters: B batch, S source length, T target length."""
+
+    src: torch.Tensor      # [B, S] int64: pieces + EOS, right-padded with PAD
+    tgt_in: torch.Tensor   # [B, T] int64: BOS + y (teacher forcing: position i sees y[:i] only)
+    tgt_out: torch.Tensor  # [B, T] int64: y + EOS, the labels
+    src_tokens: int        # non-pad tokens in src (EOS included)
+    tgt_tokens: int        # non-pad tokens in tgt_out, i.e. the labels the loss counts
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return Batch(move(self.src), move(self.tgt_in), move(self.tgt_out), self.src_tokens, self.tgt_tokens)
+
+
+def collate(dataset: datasets.Dataset, indices, *, device: torch.device | str | None = None, pad_id: int = PAD_ID,
+            bos_id: int = BOS_ID, eos_id: int = EOS_ID) -> Batch:
+    """Pad the rows `indices` of an encoded dataset (`src_ids`, `tgt_ids`) into a `Batch` (on `device`)."""
+    rows = dataset.with_format("arrow", columns=["src_ids", "tgt_ids"])[np.asarray(indices, dtype=np.int64)]
+    src_values, src_lens = _flat(rows.column("src_ids"))
+    tgt_values, tgt_lens = _flat(rows.column("tgt_ids"))
+    B = len(src_lens)
+    S, T = int(src_lens.max(initial=0)) + 1, int(tgt_lens.max(initial=0)) + 1
+    rows_b = np.arange(B)
+
+    src = np.full((B, S), pad_id, dtype=np.int64)
+    src[np.arange(S) < src_lens[:, None]] = src_values         # pieces, row by row
+    src[rows_b, src_lens] = eos_id
+    tgt_out = np.full((B, T), pad_id, dtype=np.int64)
+    body = np.arange(T) < tgt_lens[:, None]                     # [B, T]: where y goes
+    tgt_out[body] = tgt_values
+    tgt_out[rows_b, tgt_lens] = eos_id
+    tgt_in = np.full((B, T), pad_id, dtype=np.int64)
+    tgt_in[:, 0] = bos_id
+    tgt_in[:, 1:][body[:, :-1]] = tgt_values                    # y shifted right by one
+    batch = Batch(src=torch.from_numpy(src), tgt_in=torch.from_numpy(tgt_in), tgt_out=torch.from_numpy(tgt_out),
+                  src_tokens=int(src_lens.sum()) + B, tgt_tokens=int(tgt_lens.sum()) + B)
+    return batch if device is None else batch.to(device)
+
+
+def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(all values row after row, row lengths) of a list column."""
+    array = column.combine_chunks()
+    lengths = np.diff(array.offsets.to_numpy()).astype(np.int64)
+    return array.flatten().to_numpy(zero_copy_only=False).astype(np.int64), lengths

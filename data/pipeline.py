@@ -1,0 +1,280 @@
+"""One call from a `data.*` config to a vocabulary and encoded splits: `prepare`.
+
+    prepared = prepare(cfg.data, run_dir, splits=("train", "valid"), seed=cfg.seed, log=log.info)
+    prepared.vocab                   # data.vocab.Vocab (also saved as run_dir/spm.model)
+    prepared.train.dataset           # datasets.Dataset: src_ids, tgt_ids, src_len, tgt_len
+    prepared.train.src_lengths       # numpy int64 [N], pieces without EOS (also .tgt_lengths)
+    prepared.train.report            # data.corpus.CleanReport: what cleaning removed
+    prepared.valid.dataset           # ... plus the stripped text src, tgt (for BLEU); also .test
+
+`prepare` is idempotent: a second call with the same corpus, cleaning keys and vocabulary loads the
+encoded splits from the cache (`data.cache_dir`, default `run_dir/data`) without reading the corpus
+again, and the vocabulary stored in the run directory is reused, never retrained. Calling it ahead of
+training (`python train.py ... prepare_only=true`) lets a CPU machine prepare what GPUs then train on.
+See docs/DATA.md for the keys and the cache layout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+import numpy as np
+from filelock import FileLock
+
+from data import corpus
+from data.corpus import CleanReport
+from data.errors import DataError
+from data.vocab import Vocab, train_vocab
+
+SPLITS = ("train", "valid", "test")
+CACHE_FORMAT = 1
+VOCAB_FILE = "spm.model"
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Split:
+    """One encoded split: the dataset (memory-mapped Arrow) and its lengths in pieces, without specials."""
+
+    dataset: datasets.Dataset
+    src_lengths: np.ndarray
+    tgt_lengths: np.ndarray
+    report: CleanReport
+    cache_entry: Path
+
+
+@dataclass(frozen=True)
+class Prepared:
+    vocab: Vocab
+    vocab_path: Path
+    splits: dict[str, Split]
+
+    @property
+    def train(self) -> Split:
+        return self._split("train")
+
+    @property
+    def valid(self) -> Split:
+        return self._split("valid")
+
+    @property
+    def test(self) -> Split:
+        return self._split("test")
+
+    def _split(self, name: str) -> Split:
+        if name not in self.splits:
+            raise ValueError(f"the {name} split was not prepared (splits={tuple(self.splits)})")
+        return self.splits[name]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSettings:
+    """The `data.*` keys, read once and checked (see docs/DATA.md for their meaning and defaults)."""
+
+    src_lang: str
+    tgt_lang: str
+    vocab_size: int | None
+    spm_model: str | None
+    dataset: str | None
+    subset: str | None
+    prefixes: dict[str, str | None]
+    split_names: dict[str, str]
+    vocab_sample: int
+    max_len: int | None
+    max_len_ratio: float | None
+    dedup: bool
+    num_workers: int
+    cache_dir: str | None
+
+    @classmethod
+    def from_config(cls, cfg: Mapping) -> DataSettings:
+        def key(name):
+            try:
+                return cfg[name]
+            except KeyError:
+                raise DataError(f"missing config key data.{name} (see docs/DATA.md)") from None
+
+        settings = cls(
+            src_lang=key("src_lang"), tgt_lang=key("tgt_lang"),
+            vocab_size=key("vocab_size"), spm_model=key("spm_model"),
+            dataset=key("dataset"), subset=key("subset"),
+            prefixes={split: key(f"{split}_prefix") for split in SPLITS},
+            split_names={split: key(f"{split}_split") for split in SPLITS},
+            vocab_sample=key("vocab_sample"), max_len=key("max_len"), max_len_ratio=key("max_len_ratio"),
+            dedup=bool(key("dedup")), num_workers=key("num_workers"), cache_dir=key("cache_dir"),
+        )
+        settings._check()
+        return settings
+
+    def _check(self) -> None:
+        if self.dataset and self.prefixes["train"]:
+            raise DataError("both data.dataset and data.train_prefix are set: set one of them to null")
+        if not self.dataset and not self.prefixes["train"]:
+            raise DataError("neither data.dataset nor data.train_prefix is set: set one (the other stays null)")
+        if not self.src_lang or not self.tgt_lang or self.src_lang == self.tgt_lang:
+            raise DataError(f"data.src_lang and data.tgt_lang must be two different languages "
+                            f"(got {self.src_lang!r}, {self.tgt_lang!r})")
+        if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size < 300):
+            raise DataError(f"data.vocab_size must be an integer >= 300 (256 byte pieces + specials + characters) "
+                            f"or null, got {self.vocab_size!r}")
+        if self.max_len is not None and self.max_len < 1:
+            raise DataError(f"data.max_len must be >= 1 or null, got {self.max_len}")
+        if self.max_len_ratio is not None and self.max_len_ratio < 1:
+            raise DataError(f"data.max_len_ratio must be >= 1 or null, got {self.max_len_ratio}")
+        if not isinstance(self.num_workers, int) or self.num_workers < 1:
+            raise DataError(f"data.num_workers must be an integer >= 1, got {self.num_workers!r}")
+        if not isinstance(self.vocab_sample, int) or self.vocab_sample < 2:
+            raise DataError(f"data.vocab_sample must be an integer >= 2, got {self.vocab_sample!r}")
+
+    def source(self, split: str) -> corpus.Source:
+        if self.dataset:
+            return corpus.HubSource(name=self.dataset, subset=self.subset, split=self.split_names[split],
+                                    src_lang=self.src_lang, tgt_lang=self.tgt_lang)
+        prefix = self.prefixes[split]
+        if not prefix:
+            raise DataError(f"data.{split}_prefix is not set; the {split} split needs <prefix>.{self.src_lang} "
+                            f"and <prefix>.{self.tgt_lang}")
+        return corpus.text_source(prefix, self.src_lang, self.tgt_lang)
+
+    def cleaning(self, split: str) -> dict:
+        """Training pairs are filtered; valid and test keep every line (BLEU needs them aligned with
+        their references), so there only the text is stripped."""
+        if split == "train":
+            return {"max_len": self.max_len, "max_len_ratio": self.max_len_ratio, "dedup": self.dedup,
+                    "drop_empty": True}
+        return {"max_len": None, "max_len_ratio": None, "dedup": False, "drop_empty": False}
+
+
+def prepare(
+    data_cfg: Mapping,
+    run_dir: str | os.PathLike,
+    *,
+    splits: Sequence[str] = ("train", "valid"),
+    seed: int,
+    log: Callable[[str], None] = _log.info,
+    vocab: Vocab | None = None,
+) -> Prepared:
+    """The vocabulary and the encoded `splits` (names from "train", "valid", "test").
+
+    `vocab`, when given (e.g. the one a checkpoint carries for fine-tuning), is used instead of training
+    or loading one. Safe to call from several processes at once (a file lock serialises them: call it
+    on every rank, the first one prepares, the others load).
+    """
+    settings = DataSettings.from_config(data_cfg)
+    for split in splits:
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    run_dir = Path(run_dir)
+    cache_dir = Path(settings.cache_dir).expanduser() if settings.cache_dir else run_dir / "data"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(cache_dir / ".prepare.lock")):
+        hashes = corpus.FileHashes(cache_dir / "file-hashes.json")
+        cleaned: dict[str, tuple[datasets.Dataset, CleanReport]] = {}
+
+        def load_clean(split: str) -> tuple[datasets.Dataset, CleanReport]:
+            if split not in cleaned:
+                raw = corpus.load(settings.source(split), cache_dir=cache_dir, hashes=hashes)
+                ds, report = corpus.clean(raw, **settings.cleaning(split), num_proc=settings.num_workers)
+                log(f"data: {split}: {report.summary()}")
+                if report.kept == 0:
+                    what = "training corpus" if split == "train" else f"{split} split"
+                    raise DataError(f"the {what} is empty after cleaning: {report.summary()} "
+                                    "(check the files, or relax data.max_len / data.max_len_ratio)")
+                cleaned[split] = ds, report
+            return cleaned[split]
+
+        vocab, vocab_path = _resolve_vocab(settings, run_dir, vocab, load_clean=load_clean, seed=seed, log=log)
+        out = {}
+        for split in splits:
+            ds, report, entry = _encoded_split(
+                settings, split, vocab, cache_dir=cache_dir, hashes=hashes, load_clean=load_clean, log=log)
+            src_lengths, tgt_lengths = corpus.lengths(ds)
+            out[split] = Split(dataset=ds, src_lengths=src_lengths, tgt_lengths=tgt_lengths, report=report,
+                               cache_entry=entry)
+    return Prepared(vocab=vocab, vocab_path=vocab_path, splits=out)
+
+
+# ------------------------------------------------------------------------------------------ vocabulary
+def _resolve_vocab(settings: DataSettings, run_dir: Path, given: Vocab | None, *, load_clean, seed: int,
+                   log) -> tuple[Vocab, Path]:
+    """The run's vocabulary: given > data.spm_model > run_dir/spm.model > trained (then stored there)."""
+    path = run_dir / VOCAB_FILE
+    stored = Vocab.load(path) if path.is_file() else None
+    if given is not None:
+        source, vocab = "the given vocabulary", given
+    elif settings.spm_model:
+        source, vocab = f"data.spm_model={settings.spm_model}", Vocab.load(Path(settings.spm_model).expanduser())
+        if settings.vocab_size is not None and settings.vocab_size != vocab.size:
+            log(f"data: data.vocab_size={settings.vocab_size} is ignored: data.spm_model has {vocab.size} pieces")
+    elif stored is not None:
+        if settings.vocab_size is not None and stored.size != settings.vocab_size:
+            raise DataError(f"{path} has {stored.size} pieces but data.vocab_size={settings.vocab_size}; a stored "
+                            f"vocabulary is never retrained: use a new run_dir or set data.vocab_size={stored.size}")
+        log(f"data: vocabulary: {path} ({stored.size} pieces)")
+        return stored, path
+    else:
+        if settings.vocab_size is None:
+            raise DataError(f"data.vocab_size is null and there is no vocabulary to use ({path}, data.spm_model): "
+                            "set data.vocab_size (37000 for WMT14 EN-DE, 32000 for EN-FR)")
+        train, _ = load_clean("train")
+        sentences, total = corpus.sample_sentences(train, settings.vocab_sample, seed=seed)
+        log(f"data: training a {settings.vocab_size}-piece BPE vocabulary on {total} sentences "
+            f"(sampled from {len(train)} pairs, both sides)")
+        start = time.monotonic()
+        vocab = train_vocab(sentences, path, settings.vocab_size, num_threads=settings.num_workers, total=total)
+        log(f"data: vocabulary: {path} ({vocab.size} pieces, {time.monotonic() - start:.1f} s)")
+        return vocab, path
+    if stored is not None and stored.sha256 != vocab.sha256:
+        raise DataError(f"{path} differs from {source}; a run keeps one vocabulary: use a new run_dir")
+    if stored is None:
+        vocab.save(path)
+    log(f"data: vocabulary: {source} ({vocab.size} pieces), stored as {path}")
+    return vocab, path
+
+
+# ------------------------------------------------------------------------------------------ encoded splits
+def _encoded_split(settings: DataSettings, split: str, vocab: Vocab, *, cache_dir: Path, hashes, load_clean,
+                   log) -> tuple[datasets.Dataset, CleanReport, Path]:
+    """The split from its cache entry, or loaded, cleaned and encoded into a new one."""
+    corpus_id = corpus.identity(settings.source(split), hashes)
+    keep_text = split != "train"
+    key = {"format": CACHE_FORMAT, "corpus": corpus_id, "langs": [settings.src_lang, settings.tgt_lang],
+           "clean": settings.cleaning(split), "vocab": vocab.sha256, "keep_text": keep_text}
+    entry = cache_dir / f"{split}-{corpus.digest(key)}"
+    meta_path = entry / "meta.json"
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        meta = None  # absent (not done, or interrupted) or unreadable: encode again
+    if meta is not None and all((entry / name).is_file() for name in meta["files"]):
+        ds = _open(entry, meta["files"])
+        report = CleanReport(**meta["report"])
+        log(f"data: {split}: {len(ds)} pairs from the cache {entry} ({report.summary()})")
+        return ds, report, entry
+    shutil.rmtree(entry, ignore_errors=True)
+    ds, report = load_clean(split)
+    start = time.monotonic()
+    encoded = corpus.encode(ds, vocab, cache_file=entry / "encoded.arrow", num_proc=settings.num_workers,
+                            keep_text=keep_text, desc=f"encoding {split}")
+    files = [Path(f["filename"]).name for f in encoded.cache_files]
+    meta = {"key": key, "files": files, "rows": len(encoded), "report": report.to_dict(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    tmp = entry / "meta.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=1), encoding="utf-8")
+    os.replace(tmp, meta_path)  # written last: an entry without meta.json is incomplete and is redone
+    log(f"data: {split}: encoded {len(encoded)} pairs in {time.monotonic() - start:.1f} s into {entry}")
+    return _open(entry, files), report, entry
+
+
+def _open(entry: Path, files: list[str]) -> datasets.Dataset:
+    parts = [datasets.Dataset.from_file(str(entry / name)) for name in files]
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
