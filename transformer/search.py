@@ -1,0 +1,331 @@
+"""Greedy and beam search over a model's `encode` / single-step `decode` (SPEC "Python API").
+
+The model is reached only through the interface of docs/DESIGN.md: `model.config` (special ids, vocab_size),
+`model.encode(src) -> EncoderOut` (a NamedTuple of tensors), `model.init_cache(encoder_out)`,
+`model.decode(tgt_new, encoder_out, cache) -> (logits, cache)` and `cache.reorder(indices)`. An `Ensemble`
+of models offers the same interface.
+
+Axis letters: B sentences, K beams per sentence, V vocabulary, L longest hypothesis (tokens before EOS).
+
+Rules shared by both searches (SPEC):
+- A source row is its pieces + EOS, right-padded with PAD; |src| = non-PAD tokens - 1. A hypothesis has at
+  most cap = floor(max_len_a * |src| + max_len_b) tokens before its EOS; at the cap only EOS is allowed.
+- PAD and BOS are never emitted; EOS is forbidden while fewer than `min_len` tokens are generated (the cap
+  wins over `min_len`). Forbidden tokens are masked to -inf *after* log_softmax, so the allowed tokens keep
+  their log-probabilities over the whole vocabulary (masking does not renormalise).
+- score = (sum of the generated tokens' log-probabilities, EOS included) / length_penalty(|Y|), where |Y|
+  counts the generated tokens including EOS.
+
+Finished sentences keep their rows (sockeye style) rather than being dropped from the batch (fairseq): shapes
+never change during the loop, so the step is the same kernel sequence every time; their beams are set to -inf,
+so they add no candidates, and they are fed PAD. Sentences of one batch have similar lengths (token
+batching), which keeps the rows spent on finished sentences few. The only host sync per step is the check
+whether every sentence is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LENPEN_STYLES = ("gnmt", "power")
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    tokens: list[int]   # generated tokens, without BOS and EOS
+    score: float        # sum of log-probabilities (EOS included) / length_penalty(len(tokens) + 1)
+
+
+def length_penalty(length: int, alpha: float, style: str) -> float:
+    """The divisor of a hypothesis' summed log-probability; `length` = |Y|, generated tokens incl. EOS.
+
+    gnmt:  ((5 + |Y|) / 6) ** alpha   (Wu et al. 2016, the paper's choice)
+    power: |Y| ** alpha               (fairseq, Hugging Face, Marian)
+    alpha = 0 gives 1 (no penalty) in both styles.
+    """
+    if style == "gnmt":
+        return ((5.0 + length) / 6.0) ** alpha
+    if style == "power":
+        return float(length) ** alpha
+    raise ValueError(f"unknown lenpen_style {style!r}: use one of {', '.join(LENPEN_STYLES)}")
+
+
+def _vocabulary_ids(config) -> tuple[int, int, int, int, int]:
+    return config.vocab_size, config.pad_id, config.unk_id, config.bos_id, config.eos_id
+
+
+class EnsembleCache:
+    """One decoder cache per member model, reordered together."""
+
+    def __init__(self, caches: tuple):
+        self.caches = caches
+
+    def reorder(self, indices: torch.Tensor) -> EnsembleCache:
+        return EnsembleCache(tuple(cache.reorder(indices) for cache in self.caches))
+
+
+class Ensemble(nn.Module):
+    """Several models decoding as one: each step scores a token by the mean of the models' log-probabilities.
+
+    This is SPEC's "per-step average of the models' log-probabilities" taken literally (as Marian, OpenNMT and
+    sockeye's log-linear ensembles do), not fairseq's log of the mean probability. The average is not
+    renormalised: `decode` returns it as log-probabilities, and search uses them as they are (a second
+    log_softmax would renormalise them and change the ensemble's scores). Each step's average is <= 0, like
+    any log-probability, which the beam search's early stop relies on.
+    """
+
+    def __init__(self, models):
+        super().__init__()
+        models = list(models)
+        if not models:
+            raise ValueError("an ensemble needs at least one model")
+        first = models[0].config
+        for model in models[1:]:
+            if _vocabulary_ids(model.config) != _vocabulary_ids(first):
+                raise ValueError("ensemble models disagree on (vocab_size, pad_id, unk_id, bos_id, eos_id): "
+                                 f"{_vocabulary_ids(first)} vs {_vocabulary_ids(model.config)}; "
+                                 "ensemble only models trained with the same vocabulary")
+        self.models = nn.ModuleList(models)
+        self.config = first
+
+    def encode(self, src_tokens: torch.Tensor) -> tuple:
+        return tuple(model.encode(src_tokens) for model in self.models)
+
+    def init_cache(self, encoder_out: tuple) -> EnsembleCache:
+        return EnsembleCache(tuple(model.init_cache(out) for model, out in zip(self.models, encoder_out)))
+
+    def decode(self, tgt_tokens: torch.Tensor, encoder_out: tuple, cache: EnsembleCache | None = None):
+        """-> (mean over the models of log_softmax(logits) [B, T, V] float32, the new cache or None)."""
+        caches = cache.caches if cache is not None else (None,) * len(self.models)
+        log_probs, new_caches = [], []
+        for model, out, member_cache in zip(self.models, encoder_out, caches):
+            logits, member_cache = model.decode(tgt_tokens, out, member_cache)
+            log_probs.append(F.log_softmax(logits.float(), dim=-1))
+            new_caches.append(member_cache)
+        new_cache = EnsembleCache(tuple(new_caches)) if cache is not None else None  # as a model: None without one
+        return torch.stack(log_probs).mean(dim=0), new_cache
+
+
+def _step_log_probs(model, logits: torch.Tensor) -> torch.Tensor:
+    """[N, V] log-probabilities of the next token, float32 (bf16/fp16 models are scored in fp32)."""
+    if isinstance(model, Ensemble):
+        return logits.float()  # already the averaged log-probabilities; see Ensemble
+    return F.log_softmax(logits.float(), dim=-1)
+
+
+def _select_rows(tree, index: torch.Tensor):
+    """index_select(0, index) on every tensor of an EncoderOut (or a tuple of them, for an Ensemble)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.index_select(0, index)
+    if tree is None:
+        return None
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a NamedTuple
+        return type(tree)(*(_select_rows(field, index) for field in tree))
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_select_rows(field, index) for field in tree)
+    raise TypeError(f"cannot select rows of a {type(tree).__name__} in encoder_out")
+
+
+@contextlib.contextmanager
+def _eval_mode(model):
+    """Search runs without dropout; the caller's train/eval flags are restored afterwards."""
+    modules = list(model.modules()) if isinstance(model, nn.Module) else []
+    modes = [module.training for module in modules]
+    for module in modules:
+        module.training = False
+    try:
+        yield
+    finally:
+        for module, mode in zip(modules, modes):
+            module.training = mode
+
+
+def _length_caps(src_tokens: torch.Tensor, pad_id: int, max_len_a: float, max_len_b: float) -> torch.Tensor:
+    """[B] long: the most tokens a hypothesis may have before its EOS, floor(a * |src| + b), at least 0."""
+    src_len = ((src_tokens != pad_id).sum(dim=1) - 1).clamp(min=0)  # pieces without the EOS
+    return torch.floor(src_len.double() * max_len_a + max_len_b).long().clamp(min=0)
+
+
+def _penalty_table(longest: int, alpha: float, style: str, device) -> torch.Tensor:
+    """[longest + 1] float32, entry n = length_penalty(n) for |Y| = n (entry 0 is unused)."""
+    values = [1.0] + [length_penalty(n, alpha, style) for n in range(1, longest + 1)]
+    return torch.tensor(values, dtype=torch.float32, device=device)
+
+
+def _allowed_tokens(config, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[V] bool masks of the tokens search may emit: (before min_len, from min_len on, at the length cap)."""
+    free = torch.ones(config.vocab_size, dtype=torch.bool, device=device)
+    free[config.pad_id] = False
+    free[config.bos_id] = False
+    short = free.clone()
+    short[config.eos_id] = False
+    only_eos = torch.zeros_like(free)
+    only_eos[config.eos_id] = True
+    return short, free, only_eos
+
+
+def _mask(log_probs: torch.Tensor, step: int, at_cap: torch.Tensor, min_len: int, allowed) -> torch.Tensor:
+    """log_probs [N, V] with forbidden tokens at -inf; at_cap [N] bool marks rows that must end now."""
+    short, free, only_eos = allowed
+    allowed_now = torch.where(at_cap[:, None], only_eos, short if step < min_len else free)  # [N, V]
+    return log_probs.masked_fill(~allowed_now, float("-inf"))
+
+
+def _check_options(lenpen_style: str, min_len: int, max_len_a: float, max_len_b: float):
+    if lenpen_style not in LENPEN_STYLES:
+        raise ValueError(f"unknown lenpen_style {lenpen_style!r}: use one of {', '.join(LENPEN_STYLES)}")
+    if min_len < 0:
+        raise ValueError(f"min_len must be >= 0, got {min_len}")
+    if max_len_a < 0 or max_len_b < 0:
+        raise ValueError(f"max_len_a and max_len_b must be >= 0, got {max_len_a} and {max_len_b}")
+
+
+@torch.inference_mode()
+def beam_search(model, src_tokens: torch.Tensor, *, beam: int = 4, lenpen: float = 0.6, lenpen_style: str = "gnmt",
+                max_len_a: float = 1, max_len_b: float = 50, min_len: int = 0,
+                nbest: int = 1) -> list[list[Hypothesis]]:
+    """src_tokens [B, S] -> for each sentence, up to `nbest` hypotheses, best (highest score) first.
+
+    Each step expands the K live beams of every sentence by every token, ranks the K * V candidates by their
+    summed log-probability and takes the 2K best (at most K of them end in EOS, one per beam, so K live ones
+    always remain, as in fairseq). EOS candidates among the first K are finished: their score is
+    length-normalised and they join the sentence's n-best list (ties keep the earlier one); the first K
+    non-EOS candidates are the next live beams.
+
+    Early stop. A sentence is done once it holds `nbest` finished hypotheses and no live beam can beat the
+    worst of them. Bound: per-step log-probabilities are <= 0, so a live beam's raw score s can only fall,
+    and every completion of it has |Y| in [t + 2, cap + 1] (it holds t + 1 tokens after step t). Its final
+    normalised score s' / P(|Y|) <= s / P(|Y|) <= s / max P over that range, because s <= 0 and P > 0. Both
+    penalties are monotone in |Y| (rising for alpha > 0, falling for alpha < 0), so that max is
+    max(P(t + 2), P(cap + 1)). The inequalities hold in floating point too (rounding is monotone), and a
+    later hypothesis that only ties never displaces a kept one, so stopping never changes the result of
+    running every sentence to its cap.
+    """
+    _check_options(lenpen_style, min_len, max_len_a, max_len_b)
+    if beam < 1 or nbest < 1:
+        raise ValueError(f"beam and nbest must be >= 1, got beam={beam}, nbest={nbest}")
+    config = model.config
+    device = src_tokens.device
+    B, K, N, V = src_tokens.size(0), beam, nbest, config.vocab_size
+    caps = _length_caps(src_tokens, config.pad_id, max_len_a, max_len_b)   # [B]
+    L = int(caps.max()) + 1 if B else 1                                      # history width (one host sync)
+    penalty = _penalty_table(L, lenpen, lenpen_style, device)                # [L + 1], index |Y|
+    allowed = _allowed_tokens(config, device)
+    neg_inf = float("-inf")
+
+    with _eval_mode(model):
+        # 1. Encode once; repeat encoder output and cache over the beams: row b * K + k is beam k of sentence b.
+        encoder_out = model.encode(src_tokens)
+        rows = torch.arange(B, device=device).repeat_interleave(K)           # [B*K]
+        cache = model.init_cache(encoder_out).reorder(rows)
+        encoder_out = _select_rows(encoder_out, rows)
+        row_caps = caps.repeat_interleave(K)                                 # [B*K]
+        row_base = torch.arange(B, device=device)[:, None] * K               # [B, 1]
+
+        # Live beams: raw scores [B, K] (step 0 expands only beam 0) and their tokens [B, K, L].
+        scores = torch.full((B, K), neg_inf, device=device)
+        scores[:, 0] = 0.0
+        history = torch.full((B, K, L), config.pad_id, dtype=torch.long, device=device)
+        last = torch.full((B * K, 1), config.bos_id, dtype=torch.long, device=device)
+        # Finished n-best per sentence, best first: normalised scores, tokens (PAD after the end), lengths.
+        fin_scores = torch.full((B, N), neg_inf, device=device)
+        fin_tokens = torch.full((B, N, L), config.pad_id, dtype=torch.long, device=device)
+        fin_lengths = torch.zeros((B, N), dtype=torch.long, device=device)
+        done = torch.zeros(B, dtype=torch.bool, device=device)
+
+        for t in range(L):  # t tokens generated so far
+            # 2. One decoder step for all rows, then log-probabilities with forbidden tokens at -inf.
+            logits, cache = model.decode(last, encoder_out, cache)           # [B*K, 1, V]
+            log_probs = _mask(_step_log_probs(model, logits[:, -1]), t, row_caps <= t, min_len, allowed)
+
+            # 3. Candidates: every beam extended by every token; the 2K best per sentence, best first.
+            candidates = (scores[:, :, None] + log_probs.view(B, K, V)).view(B, K * V)
+            cand_scores, cand_index = candidates.topk(2 * K, dim=1)          # [B, 2K]
+            cand_beam, cand_token = cand_index // V, cand_index % V
+            cand_eos = cand_token == config.eos_id
+
+            # 4. EOS among the first K candidates: normalise (|Y| = t + 1) and merge into the n-best lists.
+            new_fin = cand_eos[:, :K] & torch.isfinite(cand_scores[:, :K])
+            new_scores = torch.where(new_fin, cand_scores[:, :K] / penalty[t + 1], neg_inf)        # [B, K]
+            new_tokens = history.gather(1, cand_beam[:, :K, None].expand(-1, -1, L))            # [B, K, L]
+            pool_scores = torch.cat([fin_scores, new_scores], dim=1)                             # [B, N+K]
+            keep = pool_scores.sort(dim=1, descending=True, stable=True).indices[:, :N]          # old first on ties
+            fin_scores = pool_scores.gather(1, keep)
+            fin_tokens = torch.cat([fin_tokens, new_tokens], dim=1).gather(1, keep[:, :, None].expand(-1, -1, L))
+            fin_lengths = torch.cat([fin_lengths, torch.full_like(new_scores, t, dtype=torch.long)], 1).gather(1, keep)
+
+            # 5. The first K non-EOS candidates live on (a stable sort moves EOS behind, keeping rank order).
+            live = cand_eos.to(torch.uint8).sort(dim=1, stable=True).indices[:, :K]           # [B, K]
+            scores = cand_scores.gather(1, live)
+            beams, tokens = cand_beam.gather(1, live), cand_token.gather(1, live)
+            history = history.gather(1, beams[:, :, None].expand(-1, -1, L))
+            history[:, :, t] = tokens
+
+            # 6. Early stop (see the docstring): done sentences get -inf beams and feed PAD from now on.
+            longest = caps + 1                                                   # |Y| ended by the cap
+            next_len = torch.clamp(longest, max=t + 2)                           # shortest |Y| still reachable
+            bound = scores.max(dim=1).values / torch.maximum(penalty[next_len], penalty[longest])
+            done |= bound <= fin_scores[:, -1]
+            scores = scores.masked_fill(done[:, None], neg_inf)
+            if bool(done.all()):
+                break
+
+            # 7. Move the decoder state with the beams: one index into the flat B*K rows.
+            cache = cache.reorder((row_base + beams).view(-1))
+            last = tokens.masked_fill(~torch.isfinite(scores), config.pad_id).view(B * K, 1)
+
+    return _to_hypotheses(fin_scores, fin_tokens, fin_lengths)
+
+
+def _to_hypotheses(scores: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor) -> list[list[Hypothesis]]:
+    """[B, N] scores (-inf = empty slot), [B, N, L] tokens, [B, N] lengths -> Python lists, best first."""
+    scores, tokens, lengths = scores.tolist(), tokens.tolist(), lengths.tolist()
+    return [[Hypothesis(tokens=row_tokens[:n], score=score)
+             for score, row_tokens, n in zip(sentence_scores, sentence_tokens, sentence_lengths)
+             if score != float("-inf")]
+            for sentence_scores, sentence_tokens, sentence_lengths in zip(scores, tokens, lengths)]
+
+
+@torch.inference_mode()
+def greedy_search(model, src_tokens: torch.Tensor, *, max_len_a: float = 1, max_len_b: float = 50, min_len: int = 0,
+                  lenpen: float = 0.0, lenpen_style: str = "gnmt") -> list[list[Hypothesis]]:
+    """src_tokens [B, S] -> for each sentence, a list holding its one hypothesis: the most probable allowed
+    token at every step. Finished rows stay in the batch, extended with PAD at zero cost."""
+    _check_options(lenpen_style, min_len, max_len_a, max_len_b)
+    config = model.config
+    device = src_tokens.device
+    B = src_tokens.size(0)
+    caps = _length_caps(src_tokens, config.pad_id, max_len_a, max_len_b)   # [B]
+    L = int(caps.max()) + 1 if B else 1
+    penalty = _penalty_table(L, lenpen, lenpen_style, device)
+    allowed = _allowed_tokens(config, device)
+
+    with _eval_mode(model):
+        encoder_out = model.encode(src_tokens)
+        cache = model.init_cache(encoder_out)
+        scores = torch.zeros(B, device=device)
+        tokens = torch.full((B, L), config.pad_id, dtype=torch.long, device=device)
+        lengths = torch.zeros(B, dtype=torch.long, device=device)
+        finished = torch.zeros(B, dtype=torch.bool, device=device)
+        last = torch.full((B, 1), config.bos_id, dtype=torch.long, device=device)
+        for t in range(L):
+            logits, cache = model.decode(last, encoder_out, cache)           # [B, 1, V]
+            log_probs = _mask(_step_log_probs(model, logits[:, -1]), t, caps <= t, min_len, allowed)
+            best, token = log_probs.max(dim=1)                               # [B], [B]
+            scores += best.masked_fill(finished, 0.0)
+            token = token.masked_fill(finished, config.pad_id)
+            tokens[:, t] = token
+            ended = ~finished & (token == config.eos_id)
+            lengths = torch.where(ended, t, lengths)
+            finished |= ended
+            if bool(finished.all()):
+                break
+            last = token[:, None]
+
+    normalised = scores / penalty[lengths + 1]
+    return _to_hypotheses(normalised[:, None], tokens[:, None], lengths[:, None])
