@@ -1,0 +1,396 @@
+"""train.py end to end: the learning rate it uses, how it deals batches to ranks, resume, checkpoints,
+non-finite updates and stop signals.
+
+Every run trains a 1+1-layer, d_model=16 model on a few hundred generated pairs (data/synthetic.py) that
+share one vocabulary and one encoded-data cache (the `corpus` fixture), in-process through
+`train.main(overrides)` unless the property needs another process. Weights are compared only between
+runs at the same thread count (one: torchrun gives each rank one thread, and on a shared 2-core machine
+one thread is also the fastest).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import train  # noqa: E402
+from transformer import checkpoint as ckpt  # noqa: E402
+from transformer.cli import ConfigError  # noqa: E402
+from transformer.model import Transformer, TransformerConfig  # noqa: E402
+
+D_MODEL = 16
+VOCAB = 400  # SentencePiece needs room for 256 byte pieces, the specials and every character (~320 here)
+
+
+# ------------------------------------------------------------------------------------ helpers, fixtures
+
+
+def train_main(overrides: list[str]) -> int:
+    """`train.main(overrides)` in this process at one thread; then put back what it sets for the whole
+    process: the thread count, the SIGTERM/SIGINT handlers (Ctrl-C must still stop pytest) and the root
+    logger's handlers and level."""
+    signals = (signal.SIGTERM, signal.SIGINT)
+    threads, handlers = torch.get_num_threads(), [signal.getsignal(sig) for sig in signals]
+    root = logging.getLogger()
+    root_handlers, root_level = root.handlers[:], root.level
+    torch.set_num_threads(1)
+    try:
+        return train.main(overrides)
+    finally:
+        torch.set_num_threads(threads)
+        for sig, handler in zip(signals, handlers):
+            signal.signal(sig, handler)
+        root.handlers[:] = root_handlers
+        root.setLevel(root_level)
+
+
+class Corpus:
+    """A generated corpus with its vocabulary and encoded cache, and the overrides of a tiny run on it."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.prefixes = {"train": directory / "corpus" / "train", "valid": directory / "corpus" / "valid"}
+        self.spm_model = directory / "prep" / "spm.model"
+        self.cache_dir = directory / "cache"
+
+    def overrides(self, run_dir: Path, changes: dict | None = None, *, vocab: bool = True) -> list[str]:
+        values = {
+            "run_dir": run_dir, "device": "cpu", "seed": 1,
+            "model": "tiny", "model.d_model": D_MODEL, "model.heads": 2, "model.d_ff": 32,
+            "model.encoder_layers": 1, "model.decoder_layers": 1, "model.dropout": 0.1,
+            "data.dataset": "null", "data.subset": "null",
+            "data.train_prefix": self.prefixes["train"], "data.valid_prefix": self.prefixes["valid"],
+            "data.vocab_size": VOCAB, "data.spm_model": self.spm_model if vocab else "null",
+            "data.cache_dir": self.cache_dir, "data.num_workers": 1,
+            "train.max_tokens": 512, "train.update_freq": 1, "train.warmup_steps": 4, "train.max_steps": 4,
+            "train.log_every_steps": 1, "train.valid_every_steps": 1000, "train.save_every_steps": 1000,
+            "train.save_every_minutes": 0, "train.keep_last": 10, "train.average_last": 1,
+            "train.valid_bleu_lines": 0, "train.best_metric": "loss",
+        }
+        values.update(changes or {})
+        return [f"{key}={value}" for key, value in values.items()]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Corpus:
+    """300 generated training pairs, 16 validation pairs, a 400-piece vocabulary and the encoded cache."""
+    from data.synthetic import write_corpus
+
+    c = Corpus(tmp_path_factory.mktemp("train_corpus"))
+    write_corpus(c.directory / "corpus", train=300, valid=16, test=0, seed=1)
+    assert train_main(c.overrides(c.directory / "prep", {"prepare_only": "true"}, vocab=False)) == 0
+    assert c.spm_model.is_file()
+    return c
+
+
+def run(corpus: Corpus, run_dir: Path, changes: dict | None = None) -> dict:
+    """Train in this process; returns last.pt."""
+    assert train_main(corpus.overrides(run_dir, changes)) == 0
+    return ckpt.load(ckpt.last_path(run_dir))
+
+
+def subprocess_env() -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def tensorboard_scalars(run_dir: Path, tag: str) -> dict[int, float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    return {event.step: event.value for event in events.Scalars(tag)}
+
+
+def assert_training_states_equal(a: dict, b: dict) -> None:
+    """Bit-identical weights, Adam moments and step counts, schedule position and data position."""
+    assert a["step"] == b["step"]
+    assert a["model"].keys() == b["model"].keys()
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), f"model weight {name} differs"
+    assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
+    assert a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
+    for index, state in a["optimizer"]["state"].items():
+        for key, value in state.items():
+            assert torch.equal(value, b["optimizer"]["state"][index][key]), f"optimizer {key} of {index} differs"
+    assert a["scheduler"] == b["scheduler"]
+    assert a["data_state"] == b["data_state"]
+
+
+def noam(n: int, *, d_model: int, warmup: int, scale: float) -> float:
+    return scale * d_model**-0.5 * min(n**-0.5, n * warmup**-1.5)
+
+
+# ---------------------------------------------------------------------------------------------- schedule
+
+
+def test_logged_learning_rate_follows_noam_formula(corpus, tmp_path):
+    warmup, scale, steps = 4, 2.0, 8
+    last = run(corpus, tmp_path, {"train.warmup_steps": warmup, "train.lr_scale": scale,
+                                  "train.max_steps": steps})
+
+    logged = tensorboard_scalars(tmp_path, "train/lr")
+    expected = {n: noam(n, d_model=D_MODEL, warmup=warmup, scale=scale) for n in range(1, steps + 1)}
+    assert sorted(logged) == list(expected)
+    for n, lr in expected.items():
+        assert logged[n] == pytest.approx(lr, rel=1e-6), f"update {n}"
+    assert max(logged, key=logged.get) == warmup  # the peak: lr_scale · (d_model · warmup)^-0.5
+    # The saved schedule stands at the next update: a resumed run continues with lr(steps + 1).
+    assert last["scheduler"]["last_epoch"] == steps
+    assert last["optimizer"]["param_groups"][0]["lr"] == pytest.approx(
+        noam(steps + 1, d_model=D_MODEL, warmup=warmup, scale=scale), rel=1e-12)
+
+
+# ------------------------------------------------------------------------------------ update size, DDP
+
+
+@pytest.mark.parametrize(("max_tokens", "tokens_per_update", "update_freq", "expected"), [
+    (512, 1400, "null", 3),  # round(2.73)
+    (512, 1200, "null", 2),  # round(2.34)
+    (512, 100, "null", 1),   # round(0.2) = 0, at least one pass
+    (512, 1400, 2, 2),       # given explicitly: tokens_per_update is not used
+])
+def test_update_freq_derived_from_tokens_per_update(corpus, tmp_path, capsys, max_tokens, tokens_per_update,
+                                                    update_freq, expected):
+    last = run(corpus, tmp_path, {"train.max_tokens": max_tokens, "train.tokens_per_update": tokens_per_update,
+                                  "train.update_freq": update_freq, "train.max_steps": 1})
+
+    record = json.loads((tmp_path / "provenance.json").read_text())
+    assert record["world_size"] == 1
+    assert record["update_freq"] == expected
+    assert record["max_tokens_per_update"] == expected * max_tokens
+    assert last["update_freq"] == expected
+    assert f"update_freq {expected} × max_tokens {max_tokens}" in capsys.readouterr().err
+    # One update consumed exactly `expected` batches of the stream.
+    assert last["data_state"]["epoch"] * last["data_state"]["batches_per_epoch"] + last["data_state"]["offset"] \
+        == expected
+
+
+@pytest.mark.slow
+def test_two_ranks_equal_one_rank_with_accumulation(corpus, tmp_path):
+    steps = {"train.max_steps": 5, "train.log_every_steps": 5, "model.dropout": 0.1}
+    two = tmp_path / "two_ranks"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(ROOT / "train.py"), *corpus.overrides(two, {**steps, "train.update_freq": 1})]
+    result = subprocess.run(command, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # One process with torchrun's thread count (see train_main), accumulating the 2 batches.
+    one = run(corpus, tmp_path / "one_rank", {**steps, "train.update_freq": 2})
+    ddp = ckpt.load(ckpt.last_path(two))
+
+    record = json.loads((two / "provenance.json").read_text())
+    assert (record["world_size"], record["update_freq"]) == (2, 1)
+    assert ddp["step"] == one["step"] == 5
+    assert ddp["data_state"] == one["data_state"]  # the same 10 batches were consumed
+    worst = max((ddp["model"][name] - one["model"][name]).abs().max().item() for name in one["model"])
+    assert worst <= 1e-5
+    # The tolerance means something: the 5 updates moved the weights far more than it (train.py seeds
+    # the initialisation with `seed` before building the model).
+    torch.manual_seed(one["config"]["seed"])
+    initial = Transformer(TransformerConfig(**one["model_config"])).state_dict()
+    moved = max((one["model"][name] - initial[name]).abs().max().item() for name in one["model"])
+    assert moved > 1e-3
+
+
+# -------------------------------------------------------------------------------------------------- resume
+
+
+def test_resume_is_bit_identical(corpus, tmp_path):
+    changes = {"train.update_freq": 2, "train.save_every_steps": 2, "train.average_last": 2,
+               "train.valid_every_steps": 2, "train.max_steps": 7}
+    whole = run(corpus, tmp_path / "whole", changes)
+
+    resumed_dir = tmp_path / "resumed"
+    first = run(corpus, resumed_dir, {**changes, "train.max_steps": 3})
+    assert first["step"] == 3
+    assert ckpt.averaged_path(resumed_dir).is_file()  # written at the stop: resume must not read it
+    resumed = run(corpus, resumed_dir, changes)
+
+    assert_training_states_equal(resumed, whole)
+
+
+def test_resume_with_other_architecture_is_one_line_error(corpus, tmp_path):
+    run(corpus, tmp_path, {"train.max_steps": 1})
+    before = ckpt.last_path(tmp_path).read_bytes()
+
+    with pytest.raises(ConfigError) as error:
+        train_main(corpus.overrides(tmp_path, {"model.d_model": 24, "model.decoder_layers": 2}))
+
+    message = str(error.value)
+    assert "\n" not in message
+    assert f"model.d_model: {D_MODEL} → 24" in message
+    assert "model.decoder_layers: 1 → 2" in message
+    assert "model.heads" not in message and "model.encoder_layers" not in message
+    assert ckpt.last_path(tmp_path).read_bytes() == before
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_resume_continues(corpus, tmp_path):
+    interrupted = tmp_path / "interrupted"
+    log_path = tmp_path / "stderr.log"
+    command = [sys.executable, str(ROOT / "train.py"), *corpus.overrides(interrupted, {"train.max_steps": 100000})]
+    with open(log_path, "w") as stderr:
+        process = subprocess.Popen(command, cwd=ROOT, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=stderr)
+        try:
+            deadline = time.monotonic() + 180
+            while "| update " not in log_path.read_text(errors="replace"):
+                assert process.poll() is None, log_path.read_text(errors="replace")[-3000:]
+                assert time.monotonic() < deadline, "no training log line within 180 s"
+                time.sleep(0.05)
+            process.send_signal(signal.SIGTERM)
+            returncode = process.wait(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    text = log_path.read_text(errors="replace")
+    assert returncode == 0, text[-3000:]
+    assert "SIGTERM received" in text and "stopped by a signal" in text
+    stopped = ckpt.load(ckpt.last_path(interrupted))
+    k = stopped["step"]
+    assert 1 <= k < 100000
+
+    resumed = run(corpus, interrupted, {"train.max_steps": k + 3})
+    whole = run(corpus, tmp_path / "whole", {"train.max_steps": k + 3})
+    assert_training_states_equal(resumed, whole)
+
+
+# ----------------------------------------------------------------------------------------------- checkpoints
+
+
+def test_checkpoints_named_pruned_and_averaged(corpus, tmp_path):
+    last = run(corpus, tmp_path, {"train.max_steps": 7, "train.save_every_steps": 2, "train.keep_last": 3,
+                                  "train.average_last": 2, "train.valid_every_steps": 3})
+    directory = tmp_path / "checkpoints"
+
+    # Saved at updates 2, 4, 6 (save_every_steps) and 7 (the end); keep_last=3 pruned step-2.
+    numbered = sorted(p.name for p in directory.glob("step-*.pt"))
+    assert numbered == ["step-00000004.pt", "step-00000006.pt", "step-00000007.pt"]
+    assert [ckpt.load(directory / name)["step"] for name in numbered] == [4, 6, 7]
+    assert last["step"] == 7 and last["kind"] == "train"
+    seven = ckpt.load(directory / "step-00000007.pt")["model"]
+    assert all(torch.equal(last["model"][name], seven[name]) for name in seven)
+
+    averaged = ckpt.load(directory / "averaged.pt")
+    assert averaged["kind"] == "averaged" and averaged["averaged_steps"] == [6, 7]
+    assert "optimizer" not in averaged
+    six = ckpt.load(directory / "step-00000006.pt")["model"]
+    for name, tensor in averaged["model"].items():
+        mean = (six[name].double() + seven[name].double()) / 2
+        torch.testing.assert_close(tensor.double(), mean, rtol=0, atol=1e-7, msg=name)
+    assert any(not torch.equal(six[name], seven[name]) for name in six)  # the mean is not of equal tensors
+
+    # best.pt: the validation (updates 3, 6, 7) with the lowest loss.
+    valid_loss = tensorboard_scalars(tmp_path, "valid/loss")
+    assert sorted(valid_loss) == [3, 6, 7]
+    best = ckpt.load(directory / "best.pt")
+    assert best["step"] == min(valid_loss, key=valid_loss.get)
+
+    config = OmegaConf.load(tmp_path / "config.yaml")
+    assert config.run_dir == str(tmp_path) and config.train.max_steps == 7 and config.model.d_model == D_MODEL
+    record = json.loads((tmp_path / "provenance.json").read_text())
+    assert {"command", "versions", "git_commit", "world_size", "update_freq"} <= record.keys()
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert (tmp_path / "spm.model").is_file()
+
+
+def test_nonfinite_updates_are_skipped_then_abort(corpus, tmp_path, capsys, monkeypatch):
+    poisoned = {2, 4, 5, 6}  # updates whose loss (hence gradient) is NaN; 4, 5, 6 are 3 in a row
+    calls = []
+    real_loss = train.label_smoothed_nll
+
+    def loss_with_nans(logits, target, **kwargs):
+        loss, nll = real_loss(logits, target, **kwargs)
+        calls.append(None)  # one forward pass per update (update_freq=1, no validation before the abort)
+        if len(calls) in poisoned:
+            loss = loss * float("nan")
+        return loss, nll
+
+    monkeypatch.setattr(train, "label_smoothed_nll", loss_with_nans)
+    with pytest.raises(ConfigError) as error:
+        train_main(corpus.overrides(tmp_path, {"train.max_steps": 20, "train.max_nonfinite": 3,
+                                               "train.save_every_steps": 1, "train.keep_last": 0}))
+
+    assert "\n" not in str(error.value) and "3 updates in a row" in str(error.value)
+    err = capsys.readouterr().err
+    assert "update 2: non-finite gradient norm, skipped (1 in a row)" in err
+    assert "update 6: non-finite gradient norm, skipped (3 in a row)" in err
+    assert "update 7" not in err
+
+    directory = tmp_path / "checkpoints"
+    saved = {s: ckpt.load(directory / f"step-{s:08d}.pt") for s in (1, 2, 3)}
+    diagnostic = ckpt.load(directory / "diagnostic-00000006.pt")
+    assert diagnostic["kind"] == "diagnostic" and diagnostic["step"] == 6
+
+    def same_weights(a, b):
+        return all(torch.equal(a["model"][name], b["model"][name]) for name in a["model"])
+
+    def adam_steps(state):
+        return {float(s["step"]) for s in state["optimizer"]["state"].values()}
+
+    assert same_weights(saved[1], saved[2])  # update 2 was skipped
+    assert not same_weights(saved[2], saved[3])  # update 3 trained
+    assert same_weights(saved[3], diagnostic)  # updates 4-6 were skipped
+    assert adam_steps(saved[2]) == {1.0} and adam_steps(diagnostic) == {2.0}
+
+
+# --------------------------------------------------------------------------------------------- convergence
+
+
+@pytest.mark.slow
+def test_tiny_model_overfits_a_small_real_batch(shared_data, tmp_path):
+    """64 real WMT pairs in one batch: the training NLL falls near zero; the smoothed loss cannot."""
+    text = shared_data / "text"
+    src = (text / "train.en-de.en").read_text(encoding="utf-8").splitlines()
+    tgt = (text / "train.en-de.de").read_text(encoding="utf-8").splitlines()
+    pairs = [(s, t) for s, t in zip(src, tgt) if 4 <= len(s.split()) <= 10 and 4 <= len(t.split()) <= 10][:64]
+    assert len(pairs) == 64
+    prefix = tmp_path / "pairs"
+    for side, lang in enumerate(("en", "de")):
+        prefix.with_suffix(f".{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
+
+    run_dir = tmp_path / "run"
+    steps, epsilon = 150, 0.1
+    overrides = [
+        f"run_dir={run_dir}", "device=cpu", "model=tiny", "model.d_model=64", "model.heads=4", "model.d_ff=128",
+        "model.encoder_layers=1", "model.decoder_layers=1", "model.dropout=0",
+        "data.dataset=null", "data.subset=null", f"data.train_prefix={prefix}", f"data.valid_prefix={prefix}",
+        f"data.vocab_size={VOCAB}", "data.max_len_ratio=null", "data.num_workers=1",
+        "train.max_tokens=8192", "train.update_freq=1",  # all 64 pairs in one batch, every update
+        "train.warmup_steps=30", "train.lr_scale=0.5", f"train.label_smoothing={epsilon}",
+        f"train.max_steps={steps}", "train.log_every_steps=10", f"train.valid_every_steps={steps}",
+        f"train.save_every_steps={steps}", "train.average_last=1", "train.valid_bleu_lines=0",
+        "train.best_metric=loss",
+    ]
+    assert train_main(overrides) == 0
+
+    tokens = tensorboard_scalars(run_dir, "train/tokens_per_update")
+    assert len(set(tokens.values())) == 1  # one fixed batch: the same target tokens every update
+    # Validation runs on the same 64 pairs in eval mode: the NLL and loss of the final weights.
+    nll = tensorboard_scalars(run_dir, "valid/nll")[steps]
+    loss = tensorboard_scalars(run_dir, "valid/loss")[steps]
+    train_nll = tensorboard_scalars(run_dir, "train/nll")
+    assert train_nll[10] > 3.0  # updates 1-10: far from it at the start
+    assert train_nll[steps] < 0.3  # updates 141-150, in training mode
+    assert nll < 0.3
+    # The smoothed loss is bounded below by the entropy of the smoothed target q (ε/V to every class).
+    q_true = 1 - epsilon + epsilon / VOCAB
+    floor = -(q_true * math.log(q_true) + (VOCAB - 1) * (epsilon / VOCAB) * math.log(epsilon / VOCAB))
+    assert loss > floor > nll
