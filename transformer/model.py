@@ -2,6 +2,8 @@
 
 Sections: the config; embeddings and positions (§3.4-3.5); attention (§3.2); feed-forward (§3.3);
 encoder and decoder layers (§3.1); the model with its public `encode` / `init_cache` / `decode`.
+Every linear map is `Linear`, i.e. `nn.Linear` (transformer/kernels.py only routes float32 CPU matmuls
+to a faster kernel; the maths is y = x W^T + b).
 
 Axis letters used in shape comments:
     B  batch (sentences, or sentences x beams during search)
@@ -24,6 +26,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from transformer.kernels import Linear, linear
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -180,8 +184,8 @@ class SelfAttention(nn.Module):
     def __init__(self, *, d_model: int, heads: int):
         super().__init__()
         self.heads = heads
-        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=False)  # rows: W^Q, W^K, W^V
-        self.out_proj = nn.Linear(d_model, d_model, bias=False)  # W^O
+        self.in_proj = Linear(d_model, 3 * d_model, bias=False)  # rows: W^Q, W^K, W^V
+        self.out_proj = Linear(d_model, d_model, bias=False)  # W^O
         for block in self.in_proj.weight.chunk(3):  # each [D, D] gets its own Xavier bounds
             nn.init.xavier_uniform_(block)
         nn.init.xavier_uniform_(self.out_proj.weight)
@@ -211,9 +215,9 @@ class CrossAttention(nn.Module):
     def __init__(self, *, d_model: int, heads: int):
         super().__init__()
         self.heads = heads
-        self.q_proj = nn.Linear(d_model, d_model, bias=False)  # W^Q
-        self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=False)  # rows: W^K, W^V
-        self.out_proj = nn.Linear(d_model, d_model, bias=False)  # W^O
+        self.q_proj = Linear(d_model, d_model, bias=False)  # W^Q
+        self.kv_proj = Linear(d_model, 2 * d_model, bias=False)  # rows: W^K, W^V
+        self.out_proj = Linear(d_model, d_model, bias=False)  # W^O
         nn.init.xavier_uniform_(self.q_proj.weight)
         for block in self.kv_proj.weight.chunk(2):
             nn.init.xavier_uniform_(block)
@@ -243,8 +247,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, *, d_model: int, d_ff: int):
         super().__init__()
-        self.w1 = nn.Linear(d_model, d_ff)
-        self.w2 = nn.Linear(d_ff, d_model)
+        self.w1 = Linear(d_model, d_ff)
+        self.w2 = Linear(d_ff, d_model)
         for linear in (self.w1, self.w2):
             nn.init.xavier_uniform_(linear.weight)
             nn.init.zeros_(linear.bias)
@@ -471,7 +475,7 @@ class Transformer(nn.Module):
             x, self_kv = self.decoder(self.embed(tgt_tokens, start=cache.length), src_mask=cache.src_mask,
                                       cache=cache)
             cache = dataclasses.replace(cache, self_k=[k for k, _ in self_kv], self_v=[v for _, v in self_kv])
-        logits = F.linear(x, self.embedding.weight)  # x E^T: [B, T, D] @ [D, V] -> [B, T, V], no bias
+        logits = linear(x, self.embedding.weight)  # x E^T: [B, T, D] @ [D, V] -> [B, T, V], no bias
         return logits, cache
 
     def forward(self, src_tokens: Tensor, tgt_tokens: Tensor) -> Tensor:

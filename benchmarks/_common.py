@@ -1,0 +1,181 @@
+"""Shared pieces of the benchmarks: the machine, timing, the matmul peak, the peer model, the Markdown output.
+
+The peer is Hugging Face's `MarianMTModel` built from a `TransformerConfig` with the same shape, the same
+dropout, ReLU, post-norm, √D-scaled and tied embeddings, static sinusoids, random initialisation. It keeps
+what Marian has and the paper has not: biases on the attention projections and a `final_logits_bias`
+(zero, but added), sinusoids laid out as [sin ... | cos ...] instead of interleaved, and Marian's token
+convention (PAD = the last id, also the decoder start). None of them changes the matmul work per token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from transformer.model import TransformerConfig  # noqa: E402
+
+
+# ------------------------------------------------------------------------------------------ the machine
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def machine(device: torch.device) -> str:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return f"{props.name}, {props.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}"
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{os.cpu_count()}-core CPU ({cpu_name()}), {mem:.0f} GiB RAM, "
+            f"{torch.get_num_threads()} torch thread" + ("s" if torch.get_num_threads() != 1 else ""))
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def versions(*names: str) -> str:
+    """'python 3.11.7, torch 2.13.0, ...' for the packages that are importable."""
+    out = [f"python {platform.python_version()}", f"torch {torch.__version__}"]
+    for name in names:
+        try:
+            module = __import__(name)
+            out.append(f"{name} {module.__version__}")
+        except ImportError:
+            out.append(f"{name} not installed")
+    return ", ".join(out)
+
+
+# ------------------------------------------------------------------------------------------ timing
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def alternate(engines: dict[str, Callable[[], object]], *, device: torch.device, warmup: int,
+              repeats: int) -> dict[str, list[float]]:
+    """Seconds per call of each engine, the engines taking turns (A B C A B C ...) so that a burst of load
+    from other jobs falls on all of them alike. `warmup` untimed rounds first."""
+    for _ in range(warmup):
+        for fn in engines.values():
+            fn()
+            sync(device)
+    times: dict[str, list[float]] = {name: [] for name in engines}
+    for _ in range(repeats):
+        for name, fn in engines.items():
+            sync(device)
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def matmul_peak(device: torch.device, dtype: torch.dtype, *, n: int | None = None, repeats: int = 7) -> float:
+    """FLOP/s of a square n×n @ n×n matmul in `dtype`, the median of `repeats` (after one warm-up)."""
+    n = n or (8192 if device.type == "cuda" else 2048)
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    inner = 10 if device.type == "cuda" else 1
+    times = []
+    for i in range(repeats + 1):
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(inner):
+            torch.mm(a, b)
+        sync(device)
+        if i:
+            times.append((time.perf_counter() - start) / inner)
+    return 2 * n**3 / median(times)
+
+
+# ------------------------------------------------------------------------------------------ the peer
+def marian_config(config: TransformerConfig):
+    """HF `MarianConfig` of the same architecture. HF Marian is post-norm (no normalize_before option)."""
+    from transformers import MarianConfig
+
+    pad = config.vocab_size - 1  # Marian's convention: PAD is the last id and starts the decoder
+    return MarianConfig(
+        vocab_size=config.vocab_size, decoder_vocab_size=config.vocab_size, d_model=config.d_model,
+        encoder_layers=config.encoder_layers, decoder_layers=config.decoder_layers,
+        encoder_attention_heads=config.heads, decoder_attention_heads=config.heads,
+        encoder_ffn_dim=config.d_ff, decoder_ffn_dim=config.d_ff, activation_function="relu",
+        dropout=config.dropout, attention_dropout=0.0, activation_dropout=0.0, scale_embedding=True,
+        share_encoder_decoder_embeddings=True, tie_word_embeddings=True, max_position_embeddings=512,
+        pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=None,
+        bos_token_id=None, encoder_layerdrop=0.0, decoder_layerdrop=0.0,
+    )
+
+
+def marian_model(config: TransformerConfig, device: torch.device):
+    from transformers import MarianMTModel
+
+    torch.manual_seed(0)
+    model = MarianMTModel(marian_config(config)).to(device)
+    embeddings = {id(model.model.encoder.embed_tokens.weight), id(model.model.decoder.embed_tokens.weight),
+                  id(model.lm_head.weight)}
+    if len(embeddings) != 1:
+        raise RuntimeError("MarianMTModel did not tie its embeddings: the comparison would be unfair")
+    return model
+
+
+def random_tokens(batch: int, length: int, vocab: int, *, seed: int, device: torch.device) -> torch.Tensor:
+    """[batch, length] ids in [4, vocab - 1): no special id of ours (0-3) nor Marian's PAD (vocab - 1)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(4, vocab - 1, (batch, length), generator=generator).to(device)
+
+
+def model_configs(vocab_base: int = 37000) -> dict[str, TransformerConfig]:
+    return {
+        "small": TransformerConfig(vocab_size=8000, d_model=256, heads=4, d_ff=1024, encoder_layers=3,
+                                   decoder_layers=3, dropout=0.1),
+        "base": TransformerConfig.base(vocab_size=vocab_base),
+        "big": TransformerConfig.big(vocab_size=vocab_base),
+    }
+
+
+def describe(config: TransformerConfig) -> str:
+    c = dataclasses.asdict(config)
+    return (f"d {c['d_model']}, {c['heads']} heads, {c['encoder_layers']}+{c['decoder_layers']} layers, "
+            f"d_ff {c['d_ff']}, vocab {c['vocab_size']}")
+
+
+# ------------------------------------------------------------------------------------------ Markdown
+def table(header: list[str], rows: list[list[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_section(path: Path, heading: str, section: str) -> None:
+    """Replace the `heading` section of a Markdown file (up to the next '## '), or append it."""
+    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
+    start = text.find("\n" + heading + "\n")
+    if start == -1:
+        text = text.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
+    else:
+        start += 1
+        end = text.find("\n## ", start + len(heading))
+        text = text[:start] + section.rstrip("\n") + "\n" + (text[end:] if end != -1 else "")
+    path.write_text(text, encoding="utf-8")

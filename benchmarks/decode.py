@@ -1,0 +1,257 @@
+"""Greedy and beam-4 decoding: ours against `MarianMTModel.generate` and CTranslate2 (float32 and int8).
+
+    python benchmarks/decode.py                     # small and base (CPU: ~10 min)
+    python benchmarks/decode.py --quick             # small only (~1 min)
+    python benchmarks/decode.py --write docs/BENCHMARKS.md   # and replace the section there
+    python benchmarks/decode.py --profile base --mode beam   # torch.profiler top entries of ours instead
+
+Work: 100 source sentences of 25 random tokens (the last one EOS), one batch, and exactly 30 output tokens
+for every engine and sentence, so every engine runs 30 decoder steps over the same rows:
+- ours: `beam_search` / `greedy_search` with min_len = max_len_b = 29, max_len_a = 0: 29 tokens, then EOS
+  is the only token allowed (30 tokens counting EOS);
+- HF: `generate(min_new_tokens=30, max_new_tokens=30, num_beams=4 or 1, do_sample=False)`;
+- CTranslate2: `translate_batch(min_decoding_length=30, max_decoding_length=30, beam_size=4 or 1)`, converted
+  from the same Marian model (float32 on disk; int8 is CTranslate2's quantisation at load time).
+The length penalty is the plain |Y|^1.0 (`lenpen_style="power"`) everywhere. Generated tokens/s =
+100 × 30 / seconds. The weights are random: Marian's and CTranslate2's are the same; ours is our own random
+model of the same shape (the work per token is what is measured, not the output). Threads are matched:
+`torch.set_num_threads(n)` for ours and Marian, `intra_threads=n, inter_threads=1` for CTranslate2.
+bf16 ("fast mode") is our model's weights cast to bfloat16, compared with CTranslate2's int8.
+
+On CUDA (chosen automatically) the engines run on the GPU instead: ours fp32 and bf16, Marian fp32 and bf16,
+CTranslate2 float32, bfloat16 and int8_bfloat16 where its wheel sees the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from _common import (alternate, describe, load_average, machine, marian_model, median, model_configs,
+                     random_tokens, table, versions, write_section)
+from transformer.model import Transformer, TransformerConfig
+from transformer.search import beam_search, greedy_search
+
+HEADING_CPU = "## Decoding"
+HEADING_GPU = "## GPU: decoding"
+SENTENCES, SRC_LEN, OUT_LEN = 100, 25, 30
+
+
+class _Vocabulary:
+    """What CTranslate2's Marian converter reads from a tokenizer: the token strings by id and two specials.
+
+    Marian's convention: EOS = 0, UNK = 1, PAD = the last id (the converter drops it again)."""
+
+    def __init__(self, size: int):
+        self.tokens = {"</s>": 0, "<unk>": 1, **{f"t{i}": i for i in range(2, size - 1)}, "<pad>": size - 1}
+        self.eos_token, self.unk_token, self.pad_token = "</s>", "<unk>", "<pad>"
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(self.tokens)
+
+
+def convert_to_ctranslate2(marian, directory: Path) -> Path:
+    """Save the Marian model and convert it with CTranslate2's own Transformers converter (float32)."""
+    from ctranslate2.converters import TransformersConverter
+
+    vocabulary = _Vocabulary(marian.config.vocab_size)
+
+    class Converter(TransformersConverter):
+        def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):
+            return vocabulary  # the converter only reads the vocabulary; there is no real tokenizer
+
+    hf_dir, ct2_dir = directory / "marian", directory / "ct2"
+    marian.save_pretrained(hf_dir)
+    Converter(str(hf_dir)).convert(str(ct2_dir), force=True)
+    return ct2_dir
+
+
+class Engines:
+    def __init__(self, config: TransformerConfig, *, device: torch.device, threads: int, workdir: Path,
+                 with_ct2: bool):
+        self.device = device
+        torch.manual_seed(0)
+        self.ours = Transformer(config).to(device).eval()
+        self.ours_bf16 = copy.deepcopy(self.ours).to(torch.bfloat16)
+        self.marian = marian_model(config, device).eval()
+        self.marian_bf16 = copy.deepcopy(self.marian).to(torch.bfloat16) if device.type == "cuda" else None
+        self.src = random_tokens(SENTENCES, SRC_LEN, config.vocab_size, seed=3, device=device)
+        self.src[:, -1] = config.eos_id
+        self.src_mask = torch.ones_like(self.src)
+        self.ct2 = {}
+        self.ct2_tokens = None
+        if with_ct2:
+            import ctranslate2
+
+            ct2_dir = convert_to_ctranslate2(self.marian, workdir)
+            names = {"float32": "float32", "int8": "int8"}
+            if device.type == "cuda":
+                names = {"float32": "float32", "bfloat16": "bfloat16", "int8": "int8_bfloat16"}
+            for label, compute_type in names.items():
+                self.ct2[label] = ctranslate2.Translator(str(ct2_dir), device=device.type,
+                                                         compute_type=compute_type, inter_threads=1,
+                                                         intra_threads=threads)
+            vocabulary = _Vocabulary(config.vocab_size)
+            by_id = {i: token for token, i in vocabulary.tokens.items()}
+            self.ct2_tokens = [[by_id[i] for i in row] for row in self.src.tolist()]
+
+    def ours_fn(self, model, beam: int):
+        options = dict(min_len=OUT_LEN - 1, max_len_a=0, max_len_b=OUT_LEN - 1, lenpen=1.0, lenpen_style="power")
+        if beam == 1:
+            return lambda: greedy_search(model, self.src, **options)
+        return lambda: beam_search(model, self.src, beam=beam, **options)
+
+    def marian_fn(self, model, beam: int):
+        def run():
+            with torch.inference_mode():
+                return model.generate(input_ids=self.src, attention_mask=self.src_mask, num_beams=beam,
+                                      do_sample=False, min_new_tokens=OUT_LEN, max_new_tokens=OUT_LEN,
+                                      length_penalty=1.0)
+        return run
+
+    def ct2_fn(self, translator, beam: int):
+        return lambda: translator.translate_batch(self.ct2_tokens, beam_size=beam, min_decoding_length=OUT_LEN,
+                                                  max_decoding_length=OUT_LEN, length_penalty=1.0,
+                                                  max_batch_size=0)
+
+    def all(self, beam: int) -> dict:
+        engines = {"ours fp32": self.ours_fn(self.ours, beam), "ours bf16": self.ours_fn(self.ours_bf16, beam),
+                   "Marian generate fp32": self.marian_fn(self.marian, beam)}
+        if self.marian_bf16 is not None:
+            engines["Marian generate bf16"] = self.marian_fn(self.marian_bf16, beam)
+        for label, translator in self.ct2.items():
+            engines[f"CTranslate2 {label}"] = self.ct2_fn(translator, beam)
+        return engines
+
+    def check_lengths(self, beam: int) -> dict[str, int]:
+        """Generated tokens per sentence of each engine (EOS counted where it is emitted): all must be 30."""
+        lengths = {}
+        for name, fn in self.all(beam).items():
+            out = fn()
+            if name.startswith("ours"):
+                lengths[name] = max(len(h[0].tokens) + 1 for h in out)  # + the EOS
+            elif name.startswith("Marian"):
+                lengths[name] = out.shape[1] - 1  # minus the decoder start token
+            else:
+                lengths[name] = max(len(r.hypotheses[0]) for r in out)
+        return lengths
+
+
+TARGETS = {("beam 4", "ours fp32", "Marian generate fp32"): 2.0, ("beam 4", "ours fp32", "CTranslate2 float32"): 1.0,
+           ("greedy", "ours fp32", "Marian generate fp32"): 1.2, ("greedy", "ours fp32", "CTranslate2 float32"): 1.0,
+           ("beam 4", "ours bf16", "CTranslate2 int8"): 1.0, ("greedy", "ours bf16", "CTranslate2 int8"): 1.0}
+
+
+def run(args, device: torch.device) -> str:
+    threads = torch.get_num_threads()
+    names = ["small"] if args.quick else ["small", "base"]
+    if device.type == "cuda":
+        names = ["base"] if args.quick else ["base", "big"]
+    configs = model_configs()
+    try:
+        import ctranslate2
+        with_ct2 = device.type == "cpu" or ctranslate2.get_cuda_device_count() > 0
+    except ImportError:
+        with_ct2 = False
+    load_before = load_average()
+    rows, speed_rows = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            engines = Engines(configs[name], device=device, threads=threads, workdir=Path(tmp) / name,
+                              with_ct2=with_ct2)
+            for beam, mode in ((4, "beam 4"), (1, "greedy")):
+                lengths = engines.check_lengths(beam)
+                if set(lengths.values()) != {OUT_LEN}:
+                    raise RuntimeError(f"engines generated different lengths: {lengths}")
+                times = alternate(engines.all(beam), device=device, warmup=args.warmup, repeats=args.repeats)
+                tps = {engine: SENTENCES * OUT_LEN / median(t) for engine, t in times.items()}
+                speed_rows.append([name, mode] + [f"{tps[e]:,.0f}" for e in tps])
+                header_engines = list(tps)
+                for (t_mode, ours, peer), target in TARGETS.items():
+                    if t_mode != mode or peer not in tps or device.type != "cpu":
+                        continue
+                    ratio = tps[ours] / tps[peer]
+                    rows.append([name, mode, ours, peer, f"{ratio:.2f}×",
+                                 f"≥ {target}×" if name == "base" else "",
+                                 ("met" if ratio >= target else "missed") if name == "base" else ""])
+                print(f"{name} {mode}: " + ", ".join(f"{e} {v:,.0f} tok/s" for e, v in tps.items())
+                      + f"  (load {load_average():.1f})", flush=True)
+            del engines
+    load_after = load_average()
+    command = ("python benchmarks/decode.py" + (" --quick" if args.quick else "")
+               + (f" --threads {args.threads}" if args.threads else "") + " --write docs/BENCHMARKS.md")
+    heading = HEADING_GPU if device.type == "cuda" else HEADING_CPU
+    lines = [
+        heading, "",
+        f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {machine(device)}; 1-minute load average "
+        f"{load_before:.1f} before, {load_after:.1f} after. {versions('transformers', 'ctranslate2')}. "
+        f"Command: `{command}` ({args.warmup} warm-up + {args.repeats} timed runs per engine, in turns, "
+        f"medians). {SENTENCES} sentences × {SRC_LEN} source tokens in one batch, exactly {OUT_LEN} generated "
+        f"tokens each; CTranslate2 with inter_threads=1, intra_threads={threads}. Models: small = "
+        f"{describe(configs['small'])}; base = {describe(configs['base'])}"
+        + (f"; big = {describe(configs['big'])}" if device.type == "cuda" else "") + ".", "",
+        "Generated tokens/s:", "",
+        table(["model", "search"] + header_engines, speed_rows),
+    ]
+    if rows:
+        lines += ["", "Ratios (targets apply to base):", "",
+                  table(["model", "search", "ours", "against", "ratio", "target", ""], rows)]
+    return "\n".join(lines) + "\n"
+
+
+def profile(args) -> None:
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        engines = Engines(model_configs()[args.profile], device=device, threads=torch.get_num_threads(),
+                          workdir=Path(tmp), with_ct2=False)
+        beam = 4 if args.mode == "beam" else 1
+        for label, model in (("ours fp32", engines.ours), ("ours bf16", engines.ours_bf16)):
+            fn = engines.ours_fn(model, beam)
+            fn()
+            with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+                fn()
+            print(f"=== {label}, {args.profile}, {args.mode}")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
+        fn = engines.marian_fn(engines.marian, beam)
+        fn()
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn()
+        print(f"=== Marian generate fp32, {args.profile}, {args.mode}")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small model only")
+    parser.add_argument("--write", type=Path, help="Markdown file whose section to replace")
+    parser.add_argument("--threads", type=int, default=None, help="threads of every engine (default: all cores)")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per engine (default 5; quick 3)")
+    parser.add_argument("--cpu", action="store_true", help="the CPU benchmark even where CUDA is available")
+    parser.add_argument("--profile", choices=["small", "base", "big"], help="print torch.profiler tables instead")
+    parser.add_argument("--mode", choices=["beam", "greedy"], default="beam")
+    parser.add_argument("--rows", type=int, default=15)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.repeats is None:
+        args.repeats = 3 if args.quick else 5
+    if args.profile:
+        profile(args)
+        return
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    section = run(args, device)
+    print(section)
+    if args.write:
+        write_section(args.write, HEADING_GPU if device.type == "cuda" else HEADING_CPU, section)
+
+
+if __name__ == "__main__":
+    main()
