@@ -29,7 +29,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from transformer import checkpoint as ckpt
-from transformer import distributed
+from transformer import distributed, finetune
 from transformer.cli import ConfigError, compose_config, main_with_user_errors, setup_logging
 from transformer.loss import label_smoothed_nll
 from transformer.model import Transformer, TransformerConfig
@@ -82,6 +82,28 @@ def model_config(cfg: DictConfig, vocab_size: int) -> TransformerConfig:
 
 def check_train_config(cfg: DictConfig) -> None:
     t = cfg.train
+    # Types first: a value of the wrong type (train.max_steps=abc) must be a one-line error, not a TypeError
+    # deep in the loop. (name, kind, allow null, lowest value)
+    typed = [("seed", int, False, None), ("train.max_steps", int, True, 0), ("train.max_epochs", int, True, 0),
+             ("train.max_time", float, True, 0), ("train.max_nonfinite", int, False, 1),
+             ("train.keep_last", int, False, 0), ("train.average_last", int, False, 1),
+             ("train.valid_bleu_lines", int, False, 0), ("train.patience", int, False, 0),
+             ("train.num_samples", int, False, 0), ("train.lr_scale", float, False, None),
+             ("train.label_smoothing", float, False, None), ("train.clip_norm", float, False, 0),
+             ("train.save_every_minutes", float, True, 0), ("train.compile", bool, False, None),
+             ("train.test_at_end", bool, False, None), ("prepare_only", bool, False, None)]
+    for name, kind, nullable, lowest in typed:
+        value = OmegaConf.select(cfg, name)
+        if value is None and nullable:
+            continue
+        ok = isinstance(value, bool) if kind is bool else (
+            isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool))
+        if not ok or (lowest is not None and value < lowest):
+            what = {bool: "true or false", int: "an integer", float: "a number"}[kind]
+            bound = "" if lowest is None else f" >= {lowest}"
+            raise ConfigError(f"{name}={value!r} is invalid: set it to {what}{bound}{' or null' if nullable else ''}")
+    if t.lr_scale <= 0:
+        raise ConfigError(f"train.lr_scale={t.lr_scale} must be positive")
     if t.precision not in ("fp32", "bf16", "fp16"):
         raise ConfigError(f"train.precision={t.precision} is not one of fp32, bf16, fp16")
     if t.best_metric not in ("bleu", "loss", "nll"):
@@ -108,7 +130,8 @@ def check_resume_compatible(saved_cfg: dict, cfg: DictConfig) -> None:
     diffs = (differences(saved_cfg["model"], current["model"], "model", ARCH_KEYS)
              + differences(saved_cfg["data"], current["data"], "data", DATA_KEYS)
              + differences(saved_cfg, current, "", ("seed",))
-             + differences(saved_cfg["train"], current["train"], "train", ("max_tokens",)))
+             + differences({"freeze": [], "train_top_layers": None, **saved_cfg["train"]}, current["train"], "train",
+                           ("max_tokens", "freeze", "train_top_layers")))  # the saved Adam state's parameters
     if diffs:
         raise ConfigError("run_dir holds a different run (" + "; ".join(d.lstrip(".") for d in diffs)
                           + "): use another run_dir or the saved values")
@@ -151,9 +174,13 @@ class StopRequest:
     """SIGTERM/SIGINT (preemption, Ctrl-C) ask the loop to save and stop at the next update boundary."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    # A scheduler that signals every process of a job (SLURM) and torchrun, which forwards the signal it got,
+    # deliver the same request twice within milliseconds: only a signal this much later means "stop now".
+    REPEAT_WINDOW_S = 2.0
 
     def __enter__(self) -> StopRequest:
         self.requested = False
+        self.first_at = 0.0
         self.previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
         return self
 
@@ -162,9 +189,11 @@ class StopRequest:
             signal.signal(sig, handler)
 
     def _handle(self, signum, frame) -> None:
-        if self.requested:  # a second signal: stop now
-            raise KeyboardInterrupt
-        self.requested = True
+        if self.requested:
+            if time.monotonic() - self.first_at < self.REPEAT_WINDOW_S:
+                return  # the same request, delivered twice
+            raise KeyboardInterrupt  # a second signal: stop now
+        self.requested, self.first_at = True, time.monotonic()
         log.warning("%s received: saving a checkpoint at the end of this update, then stopping",
                     signal.Signals(signum).name)
 
@@ -220,7 +249,19 @@ def validation_bleu(model, valid, vocab, cfg: DictConfig, device) -> tuple[float
 
 def main(argv: list[str]) -> int:
     with StopRequest() as stop:
-        return train(argv, stop)
+        try:
+            return train(argv, stop)
+        except torch.OutOfMemoryError as error:
+            rank = os.environ.get("RANK")
+            detail = " ".join(str(error).split())[:160]
+            raise ConfigError(f"out of memory{f' on rank {rank}' if rank else ''} ({detail}): lower train.max_tokens "
+                              "(raise train.update_freq to keep the update size), then run the same command "
+                              "to resume") from None
+        except Exception as error:  # under torchrun: a collective that lost its peers is one line, not a traceback
+            failure = distributed.peer_failure(error)
+            if failure is None:
+                raise
+            raise failure from None
 
 
 def train(argv: list[str], stop: StopRequest) -> int:
@@ -228,13 +269,23 @@ def train(argv: list[str], stop: StopRequest) -> int:
     cfg = compose_config(argv)
     setup_logging()
     check_train_config(cfg)
+    finetune.check_config(vocab_mode=cfg.data.vocab, init_from=cfg.init_from, freeze=cfg.train.freeze,
+                          train_top_layers=cfg.train.train_top_layers, encoder_layers=cfg.model.encoder_layers,
+                          decoder_layers=cfg.model.decoder_layers)
     run_dir = resolve_run_dir(cfg)
     cfg.run_dir = str(run_dir)
     dist = distributed.init_from_env("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
     if not dist.is_main:
         logging.getLogger().setLevel(logging.WARNING)
     device = pick_device(cfg, dist)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    for directory in (run_dir, ckpt.checkpoint_dir(run_dir)):  # fail now, not at the first save
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ConfigError(f"cannot create {directory}: {error.strerror or error}; choose another run_dir") from None
+    if dist.is_main:
+        for stale in ckpt.remove_temporaries(run_dir):
+            log.warning("removed %s, left by a checkpoint write that was interrupted", stale)
 
     # 2. Resume or start: the saved run's checkpoint, or init_from ---------------------------------------
     resume_path = ckpt.latest_resumable(run_dir)
@@ -263,8 +314,16 @@ def train(argv: list[str], stop: StopRequest) -> int:
 
         write_corpus(Path(cfg.data.train_prefix).parent, seed=cfg.seed)
     distributed.barrier()
-    # Fine-tuning keeps the checkpoint's vocabulary unless data.spm_model names another one.
-    keep_vocab = Vocab.from_bytes(ckpt.spm_bytes(init)) if init is not None and cfg.data.spm_model is None else None
+    # A resumed run keeps the vocabulary its checkpoint carries. Fine-tuning (docs/FINETUNING.md) keeps the
+    # checkpoint's with data.vocab=keep; with transfer, prepare trains one on this corpus (or reads data.spm_model).
+    init_vocab = Vocab.from_bytes(ckpt.spm_bytes(init)) if init is not None else None
+    keep_vocab = Vocab.from_bytes(ckpt.spm_bytes(state)) if state is not None else None
+    if init_vocab is not None and cfg.data.vocab == "keep":
+        if cfg.data.spm_model and Vocab.load(cfg.data.spm_model).sha256 != init_vocab.sha256:
+            raise ConfigError(f"data.spm_model={cfg.data.spm_model} is not the vocabulary of init_from={cfg.init_from}: "
+                              "set data.vocab=transfer to use it (shared pieces keep their embeddings) or "
+                              "data.spm_model=null to keep the checkpoint's")
+        keep_vocab = init_vocab
     # Every rank calls prepare: a file lock lets the first build the vocabulary and cache, the others read them.
     splits = ("train", "valid", "test") if cfg.train.test_at_end else ("train", "valid")
     prepared = prepare(cfg.data, run_dir, seed=cfg.seed, splits=splits, vocab=keep_vocab)
@@ -285,9 +344,17 @@ def train(argv: list[str], stop: StopRequest) -> int:
     torch.manual_seed(cfg.seed)
     model = Transformer(mcfg).to(device)
     if init is not None:
-        model.load_state_dict(init["model"])
-        log.info("initialised from %s", cfg.init_from)
-    optimizer = make_optimizer(model.parameters(), fused=device.type == "cuda")
+        pieces = {}
+        if cfg.data.vocab == "transfer":
+            pieces = {"old_pieces": init_vocab.pieces(range(init_vocab.size)),
+                      "new_pieces": vocab.pieces(range(vocab.size))}
+        transfer = finetune.load_pretrained(model, init["model"], source=f"init_from={cfg.init_from}", **pieces)
+        log.info("initialised from %s%s", cfg.init_from,
+                 f"; data.vocab=transfer: {transfer.summary()}" if transfer else "")
+    frozen = finetune.freeze(model, parts=cfg.train.freeze, train_top_layers=cfg.train.train_top_layers)
+    if frozen:
+        log.info("%s", finetune.describe_frozen(model, frozen))
+    optimizer = make_optimizer(finetune.trainable(model), fused=device.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, noam_lambda(d_model=mcfg.d_model, warmup_steps=cfg.train.warmup_steps,
                                lr_scale=cfg.train.lr_scale))
@@ -297,7 +364,7 @@ def train(argv: list[str], stop: StopRequest) -> int:
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     step, best, stale, elapsed, nonfinite, train_tokens = 0, None, 0, 0.0, 0, 0
     if state is not None:
-        model.load_state_dict(state["model"])
+        ckpt.load_model_state(model, state["model"], resume_path, fix="use another run_dir, or delete that file")
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
@@ -348,6 +415,7 @@ def train(argv: list[str], stop: StopRequest) -> int:
             return
         path = ckpt.numbered_path(run_dir, step)
         save(path)
+        ckpt.crash_point("before-last")  # test-only (see transformer/checkpoint.py)
         ckpt.link_or_copy(path, ckpt.last_path(run_dir))
         ckpt.prune(run_dir, cfg.train.keep_last)
 
@@ -358,7 +426,10 @@ def train(argv: list[str], stop: StopRequest) -> int:
     window_seconds = 0.0  # training time only: validation and saving are not in the throughput
     last_save = time.monotonic()
     gnorm = torch.tensor(0.0)
-    reason = None
+    # A finished run started again (e.g. a requeued job) trains no further update.
+    reason = stop_reason(t, step, stream.epoch, elapsed)
+    if reason is None and t.patience and stale >= t.patience:
+        reason = f"no better {t.best_metric} in {stale} validations (patience)"
     model.train()
     while reason is None:
         update_start = time.monotonic()
@@ -429,12 +500,7 @@ def train(argv: list[str], stop: StopRequest) -> int:
             window.zero_()
             window_seconds = 0.0
 
-        if t.max_steps and step >= t.max_steps:
-            reason = f"max_steps={t.max_steps}"
-        elif t.max_epochs and stream.epoch >= t.max_epochs:
-            reason = f"max_epochs={t.max_epochs}"
-        elif t.max_time and elapsed >= t.max_time:
-            reason = f"max_time={t.max_time}s"
+        reason = stop_reason(t, step, stream.epoch, elapsed)
 
         if step % t.valid_every_steps == 0 or reason is not None:
             metrics = validate(model, valid, cfg, dist, device, autocast)
@@ -486,6 +552,17 @@ def train(argv: list[str], stop: StopRequest) -> int:
     distributed.barrier()
     distributed.cleanup()
     return 0
+
+
+def stop_reason(t: DictConfig, step: int, epoch: int, elapsed: float) -> str | None:
+    """Which of max_steps, max_epochs, max_time ends training after `step` updates, or None."""
+    if t.max_steps and step >= t.max_steps:
+        return f"max_steps={t.max_steps}"
+    if t.max_epochs and epoch >= t.max_epochs:
+        return f"max_epochs={t.max_epochs}"
+    if t.max_time and elapsed >= t.max_time:
+        return f"max_time={t.max_time}s"
+    return None
 
 
 def test_translation(model, test, vocab, cfg: DictConfig, device, run_dir: Path) -> None:

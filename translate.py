@@ -81,7 +81,8 @@ def load_translator(checkpoint, device: torch.device) -> Translator:
         try:
             model = Transformer(TransformerConfig(**config))
         except (TypeError, ValueError) as error:
-            raise ckpt.CheckpointError(f"{path} has an invalid model_config ({error}); use another checkpoint") from None
+            raise ckpt.CheckpointError(f"{path} has an invalid model_config ({error}); "
+                                       "use another checkpoint") from None
         if model.config.vocab_size != vocab.size:
             raise ckpt.CheckpointError(f"{path}: its model has {model.config.vocab_size} token embeddings but its "
                                        f"vocabulary {vocab.size} pieces; the file is inconsistent: use another")

@@ -139,6 +139,8 @@ def _load_text(source: TextSource, *, cache_dir: Path, hashes: FileHashes) -> da
         raise DataError(
             f"misaligned parallel files: {source.src_path} has {n_src} lines but {source.tgt_path} has {n_tgt}"
         )
+    if n_src == 0:  # datasets cannot build an empty split from a generator
+        raise DataError(f"empty parallel files: {source.src_path} and {source.tgt_path} have no lines")
     # The explicit fingerprint (the files' content) is what datasets keys its cache on, so a changed file
     # is read again and an unchanged one is not.
     try:

@@ -110,7 +110,7 @@ class DataSettings:
             prefixes={split: key(f"{split}_prefix") for split in SPLITS},
             split_names={split: key(f"{split}_split") for split in SPLITS},
             vocab_sample=key("vocab_sample"), max_len=key("max_len"), max_len_ratio=key("max_len_ratio"),
-            dedup=bool(key("dedup")), num_workers=key("num_workers"), cache_dir=key("cache_dir"),
+            dedup=key("dedup"), num_workers=key("num_workers"), cache_dir=key("cache_dir"),
         )
         settings._check()
         return settings
@@ -126,10 +126,14 @@ class DataSettings:
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size < 300):
             raise DataError(f"data.vocab_size must be an integer >= 300 (256 byte pieces + specials + characters) "
                             f"or null, got {self.vocab_size!r}")
-        if self.max_len is not None and self.max_len < 1:
-            raise DataError(f"data.max_len must be >= 1 or null, got {self.max_len}")
-        if self.max_len_ratio is not None and self.max_len_ratio < 1:
-            raise DataError(f"data.max_len_ratio must be >= 1 or null, got {self.max_len_ratio}")
+        if not isinstance(self.dedup, bool):
+            raise DataError(f"data.dedup must be true or false, got {self.dedup!r}")
+        if self.max_len is not None and (not isinstance(self.max_len, int) or isinstance(self.max_len, bool)
+                                         or self.max_len < 1):
+            raise DataError(f"data.max_len must be an integer >= 1 or null, got {self.max_len!r}")
+        if self.max_len_ratio is not None and (not isinstance(self.max_len_ratio, (int, float))
+                                               or isinstance(self.max_len_ratio, bool) or self.max_len_ratio < 1):
+            raise DataError(f"data.max_len_ratio must be a number >= 1 or null, got {self.max_len_ratio!r}")
         if not isinstance(self.num_workers, int) or self.num_workers < 1:
             raise DataError(f"data.num_workers must be an integer >= 1, got {self.num_workers!r}")
         if not isinstance(self.vocab_sample, int) or self.vocab_sample < 2:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -31,8 +32,9 @@ def user_errors() -> tuple[type[BaseException], ...]:
     """The exception types whose message is meant for the user (printed as one line, exit status 2)."""
     from data.errors import DataError
     from transformer.checkpoint import CheckpointError
+    from transformer.distributed import PeerFailure
 
-    return (ConfigError, DataError, CheckpointError, HydraException, OmegaConfBaseException)
+    return (ConfigError, DataError, CheckpointError, PeerFailure, HydraException, OmegaConfBaseException)
 
 
 def compose_config(overrides: Sequence[str], *, config_name: str = "config") -> DictConfig:
@@ -42,6 +44,17 @@ def compose_config(overrides: Sequence[str], *, config_name: str = "config") -> 
     """
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         cfg = compose(config_name, overrides=list(overrides), return_hydra_config=True)
+        # Hydra's `+key=value` adds a key; every key we read is already in the config, so an added one is a
+        # typo that would be silently ignored (`++key=value` of an existing key is a plain override).
+        added = [o for o in overrides if o.startswith("+")]
+        if added:
+            base = compose(config_name, overrides=[o for o in overrides if not o.startswith("+")])
+            for override in added:
+                key = override.lstrip("+").split("=", 1)[0]
+                absent = object()
+                if OmegaConf.select(base, key, default=absent) is absent:
+                    raise ConfigError(f"unknown config key '{key}' ({override}): every key is in "
+                                      f"configs/{config_name}.yaml; check the spelling")
     choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra/")}
     OmegaConf.set_struct(cfg, False)
     del cfg["hydra"]
@@ -85,6 +98,12 @@ def main_with_user_errors(main: Callable[[list[str]], int | None]) -> Callable[[
             status = main(sys.argv[1:])
         except user_errors() as error:
             print(f"error: {one_line(error)}", file=sys.stderr)
+            from transformer.distributed import PeerFailure
+
+            if isinstance(error, PeerFailure):  # the broken process group's destructor can abort (gloo) or hang
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(2)
             sys.exit(2)
         sys.exit(status or 0)
 

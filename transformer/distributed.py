@@ -2,10 +2,17 @@
 
 torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; a plain `python train.py` sets
 none of them and runs as world size 1 without a process group. All collectives are no-ops at world size 1.
+
+When a rank dies, the others' next collective fails (train.py turns that into a one-line PeerFailure) and
+torchrun stops whatever still runs (SIGTERM, SIGKILL 30 s later). A rank that hangs instead holds the others
+in their next collective until the process-group timeout: TRANSFORMER_DIST_TIMEOUT_S seconds, default 1800
+(long enough for rank 0's lone work, such as translating the test set at the end; tests set a few seconds).
+docs/RELIABILITY.md has the measured behaviour.
 """
 
 import datetime
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +31,11 @@ class DistInfo:
         return self.rank == 0
 
 
-def init_from_env(device_type: str, *, timeout_s: float = 120.0) -> DistInfo:
+class PeerFailure(Exception):
+    """Another rank died, was stopped or stopped answering during a collective; `str` is one line for the user."""
+
+
+def init_from_env(device_type: str, *, timeout_s: float | None = None) -> DistInfo:
     """Join the process group torchrun describes in the environment, or run alone when WORLD_SIZE <= 1.
 
     Backend: NCCL for "cuda" (after selecting the device LOCAL_RANK), gloo otherwise. `timeout_s` bounds
@@ -33,6 +44,11 @@ def init_from_env(device_type: str, *, timeout_s: float = 120.0) -> DistInfo:
     world_size = _env_int("WORLD_SIZE", 1)
     if world_size <= 1:
         return DistInfo(rank=0, world_size=1, local_rank=0)
+    if timeout_s is None:
+        try:
+            timeout_s = float(os.environ.get("TRANSFORMER_DIST_TIMEOUT_S") or 1800)
+        except ValueError:
+            raise ValueError("TRANSFORMER_DIST_TIMEOUT_S must be a number of seconds") from None
     local_rank = _env_int("LOCAL_RANK", 0)
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)
@@ -63,6 +79,21 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     if _active():
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+def peer_failure(error: BaseException) -> PeerFailure | None:
+    """The one-line PeerFailure for `error` when it is a collective that lost its peers (gloo: connection
+    closed or timed out; NCCL: error or watchdog timeout), else None (a bug of this rank: keep its traceback)."""
+    if not _active() or not isinstance(error, (RuntimeError, dist.DistError)):
+        return None
+    text = " ".join(str(error).split())
+    if not isinstance(error, dist.DistError) and not re.search(r"gloo|nccl|closed by peer|reset by peer", text, re.I):
+        return None
+    detail = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", text)  # drop C++ source locations
+    detail = detail.split(". ")[0].rstrip(".")[:200]  # the first sentence: gloo's go on for several
+    return PeerFailure(
+        f"rank {dist.get_rank()}: another rank failed, was stopped or stopped answering ({detail}); its own "
+        "message is above. Fix the cause and run the same command: training resumes from the last checkpoint")
 
 
 def barrier() -> None:

@@ -1,0 +1,207 @@
+"""Fine-tuning: start from a trained model's weights, reconcile two vocabularies, freeze parts of the model.
+
+train.py wires these in when `init_from` is set (docs/FINETUNING.md):
+
+    check_config(vocab_mode=cfg.data.vocab, init_from=cfg.init_from, freeze=..., train_top_layers=..., ...)
+    transfer = load_pretrained(model, init["model"], source="init_from=...",
+                               old_pieces=..., new_pieces=...)      # pieces only with data.vocab=transfer
+    frozen = freeze(model, parts=cfg.train.freeze, train_top_layers=cfg.train.train_top_layers)
+    optimizer = make_optimizer(trainable(model), ...)
+
+`data.vocab` says where a fine-tuning run's vocabulary comes from:
+    keep      the checkpoint's own, with its embedding as it is (the default)
+    transfer  the run's own: trained on the new corpus (data.vocab_size pieces), or data.spm_model. The
+              embedding rows of the pieces it shares with the checkpoint's vocabulary (matched by piece
+              string; PAD/UNK/BOS/EOS by id) are copied; the other rows start as in a new model,
+              N(0, d_model^-0.5) (transformer/model.py). Every other tensor is copied as it is.
+
+Freezing sets `requires_grad=False` before the optimizer is built, and the optimizer receives only the
+trainable parameters, so a frozen tensor never changes (not even through Adam's state). The embedding
+is one matrix for source, target and the output projection (§3.4): freezing `embeddings` freezes all
+three.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from transformer.checkpoint import CheckpointError
+from transformer.cli import ConfigError
+from transformer.model import Transformer
+
+VOCAB_MODES = ("keep", "transfer")
+FREEZABLE = ("encoder", "decoder", "embeddings")
+EMBEDDING = "embedding.weight"  # the shared source/target/output matrix [V, D]
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------- config
+
+
+def freeze_parts(value) -> list[str]:
+    """`train.freeze` as a list: null or [] (nothing), a list of parts, or one part as a string."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return [str(part) for part in value]
+
+
+def check_config(*, vocab_mode: str, init_from: str | None, freeze: Sequence[str] | str | None,
+                 train_top_layers: int | None, encoder_layers: int, decoder_layers: int) -> None:
+    """Reject fine-tuning settings that cannot work, before any data is read (one-line ConfigError)."""
+    if vocab_mode not in VOCAB_MODES:
+        raise ConfigError(f"data.vocab={vocab_mode} is not one of {', '.join(VOCAB_MODES)} "
+                          "(keep: the init_from checkpoint's vocabulary; transfer: a new one, see docs/FINETUNING.md)")
+    if vocab_mode == "transfer" and not init_from:
+        raise ConfigError("data.vocab=transfer needs init_from=<checkpoint or run_dir>: the model whose "
+                          "embeddings are carried over")
+    unknown = [part for part in freeze_parts(freeze) if part not in FREEZABLE]
+    if unknown:
+        raise ConfigError(f"train.freeze names {', '.join(map(repr, unknown))}: the parts that can be frozen are "
+                          f"{', '.join(FREEZABLE)} (e.g. train.freeze=[encoder,embeddings])")
+    if train_top_layers is not None:
+        deepest = max(encoder_layers, decoder_layers)
+        if isinstance(train_top_layers, bool) or not isinstance(train_top_layers, int) \
+                or not 0 <= train_top_layers <= deepest:
+            raise ConfigError(f"train.train_top_layers={train_top_layers} must be null (train every layer) or an "
+                              f"integer from 0 to {deepest} (the model has {encoder_layers} encoder and "
+                              f"{decoder_layers} decoder layers)")
+    if not init_from and (freeze_parts(freeze) or train_top_layers is not None):
+        log.warning("freezing without init_from: the frozen weights stay at their random initialisation")
+
+
+# ------------------------------------------------------------------------------------ loading weights
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """What `load_pretrained` did with the embedding when the vocabularies differ."""
+
+    carried: int  # rows of the new vocabulary copied from the checkpoint
+    total: int  # pieces of the new vocabulary
+    old_total: int  # pieces of the checkpoint's vocabulary
+
+    def summary(self) -> str:
+        return (f"carried over {self.carried} of {self.total} pieces (the checkpoint's vocabulary has "
+                f"{self.old_total}); the other {self.total - self.carried} start at N(0, d_model^-0.5)")
+
+
+def shared_pieces(old_pieces: Sequence[str], new_pieces: Sequence[str],
+                  special_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(new ids, old ids) of the pieces present in both vocabularies.
+
+    Special ids (PAD, UNK, BOS, EOS: the same ids in every vocabulary of this framework) map to
+    themselves whatever their piece strings; every other piece is matched by its string.
+    """
+    specials = sorted(set(special_ids))
+    old_index = {piece: i for i, piece in enumerate(old_pieces) if i not in specials}
+    new_ids, old_ids = list(specials), list(specials)
+    for i, piece in enumerate(new_pieces):
+        if i not in specials and piece in old_index:
+            new_ids.append(i)
+            old_ids.append(old_index[piece])
+    return new_ids, old_ids
+
+
+def load_pretrained(model: Transformer, init: Mapping[str, Tensor], *, source: str,
+                    old_pieces: Sequence[str] | None = None,
+                    new_pieces: Sequence[str] | None = None) -> Transfer | None:
+    """Copy the weights of a checkpoint's state dict `init` into `model`, bit for bit.
+
+    Every tensor of the model must be in `init` with the same shape. With `old_pieces` and `new_pieces`
+    (data.vocab=transfer) the embedding is the exception: its rows are copied for the shared pieces
+    (`shared_pieces`) and the others keep the model's own initialisation; returns what was carried.
+    A mismatch raises CheckpointError: one line naming `source` and the first differing tensors.
+    """
+    own = model.state_dict()  # tensors that share storage with the model's: copy_ writes into the model
+    if (old_pieces is None) != (new_pieces is None):
+        raise ValueError("load_pretrained: give both old_pieces and new_pieces, or neither")
+    transfer = old_pieces is not None
+    missing, unexpected = sorted(own.keys() - init.keys()), sorted(init.keys() - own.keys())
+    if missing or unexpected:
+        parts = ([f"missing {_names(missing)}"] if missing else []) + (
+            [f"unexpected {_names(unexpected)}"] if unexpected else [])
+        raise CheckpointError(f"{source} does not fit this model ({'; '.join(parts)}): it was written by another "
+                              "architecture or version; fine-tune from a checkpoint of this framework")
+    shapes = [f"{name} {tuple(init[name].shape)} vs {tuple(tensor.shape)}" for name, tensor in own.items()
+              if tuple(init[name].shape) != tuple(tensor.shape) and not (transfer and name == EMBEDDING)]
+    if shapes:
+        raise CheckpointError(f"{source} does not fit this model (shapes: {_names(shapes)}); set model.* to the "
+                              "checkpoint's architecture")
+    old_embedding = init[EMBEDDING]
+    if transfer:
+        if old_embedding.shape[0] != len(old_pieces):
+            raise CheckpointError(f"{source} is inconsistent: its embedding has {old_embedding.shape[0]} rows but "
+                                  f"its vocabulary {len(old_pieces)} pieces; use another checkpoint")
+        if old_embedding.shape[1] != own[EMBEDDING].shape[1] or own[EMBEDDING].shape[0] != len(new_pieces):
+            raise CheckpointError(f"{source}: embedding {tuple(old_embedding.shape)} cannot be mapped onto "
+                                  f"{tuple(own[EMBEDDING].shape)} for a vocabulary of {len(new_pieces)} pieces")
+    with torch.no_grad():
+        for name, tensor in own.items():
+            if not (transfer and name == EMBEDDING):
+                tensor.copy_(init[name])
+        if not transfer:
+            return None
+        config = model.config
+        new_ids, old_ids = shared_pieces(old_pieces, new_pieces,
+                                         (config.pad_id, config.unk_id, config.bos_id, config.eos_id))
+        embedding = own[EMBEDDING]  # [V_new, D]
+        rows = old_embedding[torch.tensor(old_ids)].to(device=embedding.device, dtype=embedding.dtype)
+        embedding[torch.tensor(new_ids, device=embedding.device)] = rows  # [N_shared, D] rows
+    return Transfer(carried=len(new_ids), total=len(new_pieces), old_total=len(old_pieces))
+
+
+def _names(items: list[str], limit: int = 4) -> str:
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+# ---------------------------------------------------------------------------------------------- freezing
+
+
+def freeze(model: Transformer, *, parts: Sequence[str] | str | None, train_top_layers: int | None) -> list[str]:
+    """Set requires_grad=False on the parameters of `parts` (a subset of FREEZABLE) and, with
+    `train_top_layers=k`, on every layer of each stack below its top k. Returns the frozen names.
+
+    `encoder` / `decoder`: the stack's layers (and the final LayerNorm of a pre-norm stack), not the
+    embedding. `embeddings`: the one shared matrix, i.e. source and target embeddings and the output
+    projection. `train_top_layers` leaves a pre-norm stack's final LayerNorm (the top) trainable.
+    """
+    modules: list[nn.Module] = []
+    for part in freeze_parts(parts):
+        modules.append({"encoder": model.encoder, "decoder": model.decoder, "embeddings": model.embedding}[part])
+    if train_top_layers is not None:
+        for stack in (model.encoder, model.decoder):
+            modules.extend(list(stack.layers)[: max(0, len(stack.layers) - train_top_layers)])
+    chosen = {id(p) for module in modules for p in module.parameters()}
+    frozen = []
+    for name, param in model.named_parameters():
+        if id(param) in chosen:
+            param.requires_grad_(False)
+            frozen.append(name)
+    if frozen and all(not p.requires_grad for p in model.parameters()):
+        raise ConfigError("train.freeze and train.train_top_layers freeze every parameter: nothing would train; "
+                          "freeze less")
+    return frozen
+
+
+def trainable(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters the optimizer updates (frozen ones are left out: Adam never touches them)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def describe_frozen(model: nn.Module, frozen: Sequence[str]) -> str:
+    """One line for the log: how many parameters train, and which top-level parts are frozen."""
+    total = sum(p.numel() for p in model.parameters())
+    training = sum(p.numel() for p in trainable(model))
+    groups: dict[str, None] = {}  # ordered set: "embedding", "encoder.layers.0", "encoder", ...
+    for name in frozen:
+        stack, _, rest = name.partition(".")
+        groups[f"{stack}.layers.{rest.split('.')[1]}" if rest.startswith("layers.") else stack] = None
+    return f"frozen: {', '.join(groups)}; training {training / 1e6:.2f}M of {total / 1e6:.2f}M parameters"
