@@ -43,9 +43,10 @@ letters are written), and a clause is drawn so that its English has one reading:
 relative or complement clause always belongs to that clause. Source sentences have 4-16 words.
 
 The lexicon is small on purpose (40 nouns, 34 verbs, 17 adjectives, 6 names, 10 adverbs: about 370
-English and 610 German word forms), and sentences short (9 words on average): a 2-layer model of
-width 128 learns this corpus to BLEU ~90 in ~600 updates of ~5k tokens; with the first ~270 lemmas
-and up to 25 words it reached half of that at the same point, too slow for the quickstart on 2 cores.
+English and 610 German word forms) and sentences are short (9 words on average), so that the
+quickstart's budget suffices: a 2+2-layer model of width 128 (1M parameters) reached BLEU 85 (greedy)
+after 400 updates of ~5k tokens; a draft with ~270 lemmas and sentences of up to 25 words was at BLEU 41
+after 285 updates, where this grammar is at ~70.
 
 Sentences are deduplicated by their source, so held-out splits never occur in training::
 

@@ -130,9 +130,10 @@ def test_dative_verbs_take_a_dative_object(pairs):
     # "The man helps the woman." -> "Der Mann hilft der Frau." (never "die Frau")
     dative = {"m": "dem", "f": "der", "n": "dem"}
     singular = {n.en: n for n in NOUNS}
+    verb = r"\b(?:help|helps|helped|thank|thanks|thanked|follow|follows|followed)"
     checked = 0
     for en, de in pairs:
-        for m in re.finditer(r"\b(?:help|helps|helped|thank|thanks|thanked|follow|follows|followed) the (\w+)(?=[ .?])", en):
+        for m in re.finditer(verb + r" the (\w+)(?=[ .?])", en):
             if m[1] in singular:
                 noun = singular[m[1]]
                 assert f" {dative[noun.gender]} {noun.de_form('dat', False)}" in de, (en, de)

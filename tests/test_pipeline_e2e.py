@@ -1,0 +1,86 @@
+"""The whole pipeline, as a user runs it: the quickstart (as a smoke test with few steps), and real WMT
+text from ../shared/data through vocabulary → 2-rank torchrun training → averaging → evaluation."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import evaluate
+from tests.test_train import train_main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_quickstart_smoke_trains_averages_translates_and_scores(tmp_path, capsys):
+    run_dir = tmp_path / "quickstart"
+    status = train_main(["experiment=quickstart", f"run_dir={run_dir}", "train.max_steps=12",
+                         "train.save_every_steps=6", "train.valid_every_steps=6", "train.valid_bleu_lines=5",
+                         "train.log_every_steps=6", "train.warmup_steps=6", "decode.max_len_b=5"])
+    assert status == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert any(line.startswith("BLEU|nrefs:1|") for line in lines), out
+    assert any(line.startswith("chrF2|") for line in lines), out
+    assert any(line.startswith("tokBLEU|") for line in lines), out
+    assert "next:" in err and f"translate.py checkpoint={run_dir}" in err  # where things are, what to try
+    checkpoint = run_dir / "checkpoints"
+    assert (checkpoint / "averaged.pt").is_file() and (checkpoint / "last.pt").is_file()
+    hyps = (run_dir / "eval" / "test" / "hyp.txt").read_text(encoding="utf-8").splitlines()
+    assert len(hyps) == len((run_dir / "corpus" / "test.de").read_text(encoding="utf-8").splitlines())
+    assert json.loads((run_dir / "eval" / "test" / "scores.json").read_text())["BLEU"]["score"] >= 0
+
+
+def _write_head(source: Path, target: Path, lines: int) -> None:
+    with source.open(encoding="utf-8") as f:
+        target.write_text("".join(next(f) for _ in range(lines)), encoding="utf-8")
+
+
+def _scalars(run_dir: Path, tag: str) -> dict[int, float]:
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return {e.step: e.value for e in events.Scalars(tag)}
+
+
+@pytest.mark.slow
+def test_real_wmt_two_ranks_learn_average_and_evaluate(shared_data, tmp_path):
+    run_dir = tmp_path / "wmt"
+    common = [f"run_dir={run_dir}", f"data.dataset={shared_data / 'wmt14'}", "data.subset=de-en",
+              "data.vocab_size=1000", "data.num_workers=1", "model=tiny", "model.d_model=64", "model.d_ff=256",
+              "model.encoder_layers=1", "model.decoder_layers=1", "train.max_tokens=2048", "train.update_freq=1",
+              "train.max_steps=200", "train.warmup_steps=30", "train.valid_every_steps=20",
+              "train.valid_bleu_lines=0", "train.save_every_steps=50", "train.average_last=2",
+              "train.log_every_steps=50"]
+    # 1. The vocabulary and the encoded corpus, prepared ahead as on a CPU box.
+    assert train_main([*common, "prepare_only=true"]) == 0
+    assert (run_dir / "spm.model").is_file()
+    # 2. Training on 2 ranks (gloo) under torchrun.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "train.py", *common], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    provenance = json.loads((run_dir / "provenance.json").read_text())
+    assert provenance["world_size"] == 2
+    nll = _scalars(run_dir, "valid/nll")
+    first, last = nll[min(nll)], nll[max(nll)]  # at update 20 the model already predicts unigrams
+    assert max(nll) == 200 and last < first - 0.4 and last < math.log(1000) - 1.2, nll
+    # 3. Averaging: the last two numbered checkpoints.
+    assert (run_dir / "checkpoints" / "averaged.pt").is_file()
+    # 4. Evaluation on a newstest2013 subset: every score written, a Table 3 row for the dev set.
+    src, ref = tmp_path / "nt13.en", tmp_path / "nt13.de"
+    _write_head(shared_data / "text" / "newstest2013.en", src, 100)
+    _write_head(shared_data / "text" / "newstest2013.de", ref, 100)
+    assert evaluate.main([f"checkpoint={run_dir}", f"src={src}", f"ref={ref}", "split=dev",
+                          "decode.beam=2", "decode.max_len_b=10"]) == 0
+    scores = json.loads((run_dir / "eval" / "nt13" / "scores.json").read_text())
+    assert set(scores["scores"]) == {"BLEU", "chrF2", "tokBLEU"} and math.isfinite(scores["ppl"])
+    table = (run_dir / "eval" / "table.md").read_text()
+    assert "wmt" in table and "PPL" in table
