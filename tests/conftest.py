@@ -83,19 +83,13 @@ class TinyRun:
 def tiny_run(tmp_path_factory) -> TinyRun:
     """Train the tiny reversal model once per session, in this process (about a minute on one CPU core).
 
-    train.py sets process-wide state (the thread count, SIGTERM/SIGINT handlers, the root logger); it is
-    put back afterwards so that Ctrl-C still stops pytest. One thread: on a small model it is as fast as
-    two and does not fight other processes for the cores.
+    `helpers.train_main` runs it at one thread and puts back what train.py sets for the whole process.
     """
-    import logging
-    import signal
     import time
-
-    import torch
 
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    import train
+    from helpers import train_main
 
     directory = tmp_path_factory.mktemp("tiny_run")
     prefixes = write_reversal_corpus(directory / "corpus")
@@ -113,19 +107,6 @@ def tiny_run(tmp_path_factory) -> TinyRun:
         f"train.valid_every_steps={TINY_STEPS}", "train.valid_bleu_lines=0", "train.average_last=2",
         "train.log_every_steps=250", "train.save_every_minutes=0",
     ]
-    signals = (signal.SIGTERM, signal.SIGINT)
-    handlers = [signal.getsignal(sig) for sig in signals]
-    threads = torch.get_num_threads()
-    root = logging.getLogger()
-    root_handlers, root_level = root.handlers[:], root.level
-    torch.set_num_threads(1)
     start = time.monotonic()
-    try:
-        assert train.main(overrides) == 0
-    finally:
-        torch.set_num_threads(threads)
-        for sig, handler in zip(signals, handlers):
-            signal.signal(sig, handler)
-        root.handlers[:] = root_handlers
-        root.setLevel(root_level)
+    assert train_main(overrides) == 0
     return TinyRun(run_dir=run_dir, prefixes=prefixes, train_seconds=time.monotonic() - start)

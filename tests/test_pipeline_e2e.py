@@ -14,7 +14,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import evaluate
-from tests.test_train import train_main
+from helpers import train_main
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -32,31 +32,13 @@ import train  # noqa: E402
 from transformer import checkpoint as ckpt  # noqa: E402
 from transformer.cli import ConfigError  # noqa: E402
 from transformer.model import Transformer, TransformerConfig  # noqa: E402
+from helpers import train_main  # noqa: E402
 
 D_MODEL = 16
 VOCAB = 400  # SentencePiece needs room for 256 byte pieces, the specials and every character (~320 here)
 
 
 # ------------------------------------------------------------------------------------ helpers, fixtures
-
-
-def train_main(overrides: list[str]) -> int:
-    """`train.main(overrides)` in this process at one thread; then put back what it sets for the whole
-    process: the thread count, the SIGTERM/SIGINT handlers (Ctrl-C must still stop pytest) and the root
-    logger's handlers and level."""
-    signals = (signal.SIGTERM, signal.SIGINT)
-    threads, handlers = torch.get_num_threads(), [signal.getsignal(sig) for sig in signals]
-    root = logging.getLogger()
-    root_handlers, root_level = root.handlers[:], root.level
-    torch.set_num_threads(1)
-    try:
-        return train.main(overrides)
-    finally:
-        torch.set_num_threads(threads)
-        for sig, handler in zip(signals, handlers):
-            signal.signal(sig, handler)
-        root.handlers[:] = root_handlers
-        root.setLevel(root_level)
 
 
 class Corpus:
