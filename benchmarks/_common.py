@@ -9,6 +9,7 @@ convention (PAD = the last id, also the decoder start). None of them changes the
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import platform
@@ -179,3 +180,27 @@ def write_section(path: Path, heading: str, section: str) -> None:
         end = text.find("\n## ", start + len(heading))
         text = text[:start] + section.rstrip("\n") + "\n" + (text[end:] if end != -1 else "")
     path.write_text(text, encoding="utf-8")
+
+
+def parser(doc: str, *, repeats_what: str) -> argparse.ArgumentParser:
+    """The options both speed benchmarks take; each script adds its own."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small model only")
+    p.add_argument("--write", type=Path, help="Markdown file whose section to replace")
+    p.add_argument("--threads", type=int, default=None, help="threads of every engine (default: all cores)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=None, help=f"timed {repeats_what} per engine (default 5; quick 3)")
+    p.add_argument("--cpu", action="store_true", help="the CPU benchmark even where CUDA is available")
+    p.add_argument("--profile", choices=["small", "base", "big"], help="print torch.profiler tables instead")
+    p.add_argument("--rows", type=int, default=15)
+    return p
+
+
+def parse(p: argparse.ArgumentParser) -> argparse.Namespace:
+    """Parse, apply the thread count and fill the default repeats."""
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.repeats is None:
+        args.repeats = 3 if args.quick else 5
+    return args

@@ -24,7 +24,7 @@ CTranslate2 float32, bfloat16 and int8_bfloat16 where its wheel sees the GPU.
 
 from __future__ import annotations
 
-import argparse
+import _common as common
 import copy
 import tempfile
 import time
@@ -228,21 +228,9 @@ def profile(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small model only")
-    parser.add_argument("--write", type=Path, help="Markdown file whose section to replace")
-    parser.add_argument("--threads", type=int, default=None, help="threads of every engine (default: all cores)")
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs per engine (default 5; quick 3)")
-    parser.add_argument("--cpu", action="store_true", help="the CPU benchmark even where CUDA is available")
-    parser.add_argument("--profile", choices=["small", "base", "big"], help="print torch.profiler tables instead")
+    parser = common.parser(__doc__, repeats_what="runs")
     parser.add_argument("--mode", choices=["beam", "greedy"], default="beam")
-    parser.add_argument("--rows", type=int, default=15)
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.repeats is None:
-        args.repeats = 3 if args.quick else 5
+    args = common.parse(parser)
     if args.profile:
         profile(args)
         return

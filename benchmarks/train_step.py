@@ -22,7 +22,7 @@ recipes (base 100k steps, big 300k steps of 25k tokens) on 1 and 8 GPUs.
 
 from __future__ import annotations
 
-import argparse
+import _common as common
 import contextlib
 import time
 from pathlib import Path
@@ -32,7 +32,8 @@ import torch
 from _common import (ROOT, alternate, describe, load_average, machine, marian_model, matmul_peak, median,
                      model_configs, random_tokens, table, versions, write_section)
 from transformer.loss import label_smoothed_nll
-from transformer.model import Transformer, TransformerConfig, _onednn, _ONEDNN_LINEAR
+from transformer.kernels import _ONEDNN_LINEAR, _onednn
+from transformer.model import Transformer, TransformerConfig
 from transformer.schedule import make_optimizer
 
 HEADING_CPU = "## Training step"
@@ -55,7 +56,7 @@ def step_flops(config: TransformerConfig, batch: int, src_len: int, tgt_len: int
 
 
 def onednn_peak(repeats: int = 7, n: int = 2048) -> float:
-    """FLOP/s of float32 n×n @ n×n in oneDNN (the kernel `transformer.model.linear` uses on CPU)."""
+    """FLOP/s of float32 n×n @ n×n in oneDNN (the kernel `transformer.kernels.linear` uses on CPU)."""
     if _ONEDNN_LINEAR is None:
         return 0.0
     a, b = torch.randn(n, n), torch.randn(n, n)
@@ -247,21 +248,9 @@ def profile(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small model only")
-    parser.add_argument("--write", type=Path, help="Markdown file whose section to replace")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=None, help="timed steps per engine (default 5; quick 3)")
-    parser.add_argument("--cpu", action="store_true", help="the CPU benchmark even where CUDA is available")
-    parser.add_argument("--profile", choices=["small", "base", "big"], help="print torch.profiler tables instead")
+    parser = common.parser(__doc__, repeats_what="steps")
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
-    parser.add_argument("--rows", type=int, default=15)
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.repeats is None:
-        args.repeats = 3 if args.quick else 5
+    args = common.parse(parser)
     if args.profile:
         profile(args)
         return
