@@ -89,6 +89,15 @@ def children(pid: int) -> list[int]:
             for child in (task / "children").read_text().split()]
 
 
+def kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL a launcher that is still running and its ranks, so no test leaves processes behind."""
+    if process.poll() is None:
+        for pid in children(process.pid):
+            os.kill(pid, signal.SIGKILL)
+        process.kill()
+        process.wait()
+
+
 def run_with_fault(corpus: Corpus, tmp_path: Path, fault: str, changes: dict | None = None,
                    env: dict | None = None, until: str | None = None) -> tuple[int | None, str, float]:
     """torchrun with two ranks, one of which meets `fault`; returns (exit status, output, seconds from the
@@ -112,11 +121,7 @@ def run_with_fault(corpus: Corpus, tmp_path: Path, fault: str, changes: dict | N
                 time.sleep(0.02)
             ended = time.time()
         finally:
-            if process.poll() is None:
-                for pid in children(process.pid):
-                    os.kill(pid, signal.SIGKILL)
-                process.kill()
-                process.wait()
+            kill_tree(process)
     output = log_path.read_text(errors="replace")
     assert mark.exists(), f"the fault never fired:\n{output[-3000:]}"
     return status, output, ended - float(mark.read_text())
@@ -238,11 +243,7 @@ def test_preemption_signal_to_every_process_under_torchrun_saves_and_exits(corpu
             process.wait(timeout=120)
             seconds = time.monotonic() - signalled
         finally:
-            if process.poll() is None:
-                for pid in children(process.pid):
-                    os.kill(pid, signal.SIGKILL)
-                process.kill()
-                process.wait()
+            kill_tree(process)
     output = log_path.read_text(errors="replace")
     assert seconds < 30, output[-3000:]
     assert "stopped by a signal at update" in output, output[-3000:]
