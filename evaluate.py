@@ -22,6 +22,7 @@ from omegaconf import ListConfig
 
 from transformer import checkpoint as ckpt
 from transformer.cli import ConfigError, compose_config, main_with_user_errors, setup_logging
+from transformer.kernels import keep_freed_memory
 from transformer.loss import label_smoothed_nll
 from transformer.scoring import append_table_row, load_testset, read_lines, sacrebleu_scores, training_flops
 from transformer.translation import length_sorted_batches, pad_rows
@@ -217,4 +218,5 @@ def table_row(cfg, results: dict, state: dict | None, run_dir: Path | None, lang
 
 
 if __name__ == "__main__":
+    keep_freed_memory()  # glibc malloc: reuse freed memory (transformer/kernels.py)
     main_with_user_errors(main)()

@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformer import checkpoint as ckpt
 from transformer import distributed, finetune
 from transformer.cli import ConfigError, compose_config, main_with_user_errors, setup_logging
+from transformer.kernels import keep_freed_memory
 from transformer.loss import label_smoothed_nll
 from transformer.model import Transformer, TransformerConfig
 from transformer.schedule import make_optimizer, noam_lambda
@@ -612,4 +613,5 @@ def format_seconds(seconds: float) -> str:
 
 
 if __name__ == "__main__":
+    keep_freed_memory()  # glibc malloc: reuse freed memory (transformer/kernels.py)
     main_with_user_errors(main)()

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, ListConfig
 
 from transformer import checkpoint as ckpt
 from transformer.cli import ConfigError, compose_config, main_with_user_errors, setup_logging
+from transformer.kernels import keep_freed_memory
 from transformer.model import Transformer, TransformerConfig
 from transformer.search import Ensemble, Hypothesis
 from transformer.translation import translate_ids
@@ -179,4 +180,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    keep_freed_memory()  # glibc malloc: reuse freed memory (transformer/kernels.py)
     main_with_user_errors(main)()

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from transformer.kernels import keep_freed_memory  # noqa: E402
 from transformer.model import TransformerConfig  # noqa: E402
 
 
@@ -197,8 +198,11 @@ def parser(doc: str, *, repeats_what: str) -> argparse.ArgumentParser:
 
 
 def parse(p: argparse.ArgumentParser) -> argparse.Namespace:
-    """Parse, apply the thread count and fill the default repeats."""
+    """Parse, apply the thread count and the malloc settings of our entry points, fill the default repeats.
+
+    The malloc settings are process-wide, so the peers measured in the same process get them too."""
     args = p.parse_args()
+    keep_freed_memory()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.repeats is None:

@@ -287,22 +287,55 @@ def test_cached_decoding_of_several_positions_at_once_matches_full_forward():
     assert (torch.cat([first, rest], dim=1) - full).abs().max() <= TOL
 
 
-def test_cached_decoding_matches_full_forward_after_reorder():  # also with autograd on: forgetting no_grad is fine
+@pytest.mark.parametrize("grad", [False, True])  # two code paths: gather into the result / gather, then cat
+@pytest.mark.parametrize("shared_first_step", [False, True])
+def test_beams_decoding_matches_full_forward_after_reorder(shared_first_step, grad):
+    """Three beams per source, each fed its own tokens, reordered mid-sentence as beam search does: every
+    row's logits equal a full forward pass of its source and its own prefix. shared_first_step: decode BOS
+    once per source, then grow to three rows per source, as beam search starts."""
+    torch.set_grad_enabled(grad)
+    try:
+        check_beams_decoding(shared_first_step)
+    finally:
+        torch.set_grad_enabled(True)
+
+
+def check_beams_decoding(shared_first_step: bool) -> None:
     model = tiny_model()
-    src, tgt_in = batch()
+    src, _ = batch()
+    b, k, steps = src.shape[0], 3, 6
     encoder_out = model.encode(src)
-    order = torch.tensor([0, 0, 1, 2, 3, 3])
-    cache = model.init_cache(encoder_out).reorder(order)  # more rows than sources, as beams are
-    for t in range(tgt_in.shape[1]):
-        if t == 3:  # move rows around mid-sentence, as beam search does
-            step = torch.tensor([5, 1, 1, 0, 3, 2])
-            cache = cache.reorder(step)
-            order = order[step]
-        # encoder_out is not reordered: with a cache, decode reads the cache's own source mask and K/V
-        logits, cache = model.decode(tgt_in[order, t : t + 1], encoder_out, cache)
-        full = model(src[order], tgt_in[order, : t + 1])
+    feed = padded([steps] * (b * k), first=BOS, seed=5)  # [B*K, steps]: row r's token at each step
+    cache = model.init_cache(encoder_out, beams=k)
+    prefix = feed[:, :0]
+    if shared_first_step:
+        logits, cache = model.decode(feed[::k, :1], encoder_out, model.init_cache(encoder_out))
+        assert (logits[:, 0] - model(src, feed[::k, :1])[:, 0]).abs().max() <= TOL
+        cache = cache.reorder_beams(torch.zeros(b, k, dtype=torch.long))
+        prefix = feed[:, :1]
+    assert cache.beams == k and cache.cross_k[0].shape[0] == b  # one cross-attention K/V per source
+    for t in range(prefix.shape[1], steps):
+        if t in (2, 4):  # beam j of source i continues beam choice[i, j] of source i
+            choice = torch.randint(0, k, (b, k), generator=torch.Generator().manual_seed(t))
+            cache = cache.reorder_beams(choice)
+            prefix = prefix[(torch.arange(b)[:, None] * k + choice).view(-1)]
+        prefix = torch.cat([prefix, feed[:, t : t + 1]], dim=1)
+        # encoder_out is not repeated per beam: with a cache, decode reads the source side from the cache
+        logits, cache = model.decode(feed[:, t : t + 1], encoder_out, cache)
+        full = model(src.repeat_interleave(k, dim=0), prefix)
         assert (logits[:, 0] - full[:, t]).abs().max() <= TOL, f"step {t}"
-    assert torch.equal(cache.src_mask, src[order] != PAD)
+    assert torch.equal(cache.src_mask, src != PAD)
+
+
+def test_cache_rejects_beam_indices_of_another_shape_and_zero_beams():
+    model = tiny_model()
+    src, _ = batch()
+    encoder_out = model.encode(src)
+    cache = model.init_cache(encoder_out, beams=2)
+    with pytest.raises(ValueError, match=r"reorder_beams wants beam indices of shape \[4, beams\]"):
+        cache.reorder_beams(torch.zeros(8, dtype=torch.long)[:, None])
+    with pytest.raises(ValueError, match="beams=0 is invalid"):
+        model.init_cache(encoder_out, beams=0)
 
 
 @torch.no_grad()
@@ -310,11 +343,12 @@ def test_decoding_from_a_cache_leaves_it_unchanged():
     model = tiny_model()
     src, tgt_in = batch()
     encoder_out = model.encode(src)
-    _, cache = model.decode(tgt_in[:, :3], encoder_out, model.init_cache(encoder_out))
+    tgt_in = torch.cat([tgt_in, tgt_in.flip(0)]).view(2, 4, -1).transpose(0, 1).reshape(8, -1)  # 2 beams each
+    _, cache = model.decode(tgt_in[:, :3], encoder_out, model.init_cache(encoder_out, beams=2))
     kept = [k.clone() for k in cache.self_k]
     first, _ = model.decode(tgt_in[:, 3:4], encoder_out, cache)
     model.decode(tgt_in[:, 3:4].flip(0), encoder_out, cache)  # another continuation of the same prefix
-    model.decode(tgt_in[:, 3:4], encoder_out, cache.reorder(torch.tensor([3, 2, 1, 0])))
+    model.decode(tgt_in[:, 3:4], encoder_out, cache.reorder_beams(torch.tensor([[1, 0]] * 4)))
     again, _ = model.decode(tgt_in[:, 3:4], encoder_out, cache)
     assert cache.length == 3 and all(torch.equal(k, kept_k) for k, kept_k in zip(cache.self_k, kept))
     assert torch.equal(first, again)
@@ -361,7 +395,7 @@ def test_bfloat16_autocast_runs_full_and_cached_decoding():
         cache = model.init_cache(encoder_out)
         for t in range(tgt_in.shape[1]):
             logits, cache = model.decode(tgt_in[:, t : t + 1], encoder_out, cache)
-            cache = cache.reorder(torch.arange(src.shape[0]))
+            cache = cache.reorder_beams(torch.zeros(src.shape[0], 1, dtype=torch.long))
     assert torch.isfinite(full).all() and torch.isfinite(logits).all()
     assert (logits[:, 0].float() - full[:, -1].float()).abs().max() <= 0.1
 

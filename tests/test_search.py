@@ -36,12 +36,16 @@ class ScriptEncoderOut(NamedTuple):
 
 
 class PrefixCache:
-    def __init__(self, sentence: torch.Tensor, prefix: torch.Tensor):
-        self.sentence = sentence   # [B]
-        self.prefix = prefix       # [B, T] decoder inputs so far, BOS first
+    def __init__(self, sentence: torch.Tensor, prefix: torch.Tensor, beams: int):
+        self.sentence = sentence   # [B*K]: row b*K + k decodes sentence b
+        self.prefix = prefix       # [B*K, T] decoder inputs so far, BOS first
+        self.beams = beams
 
-    def reorder(self, indices: torch.Tensor) -> "PrefixCache":
-        return PrefixCache(self.sentence.index_select(0, indices), self.prefix.index_select(0, indices))
+    def reorder_beams(self, beams: torch.Tensor) -> "PrefixCache":
+        b, k = beams.shape
+        assert b * self.beams == self.sentence.size(0) and int(beams.max()) < self.beams
+        rows = (torch.arange(b)[:, None] * self.beams + beams).view(-1)
+        return PrefixCache(self.sentence.index_select(0, rows), self.prefix.index_select(0, rows), k)
 
 
 class ScriptedModel(nn.Module):
@@ -61,9 +65,9 @@ class ScriptedModel(nn.Module):
     def encode(self, src):
         return ScriptEncoderOut(out=src[:, :1, None].double(), src_mask=src != PAD)
 
-    def init_cache(self, encoder_out):
-        sentence = encoder_out.out[:, 0, 0].long()
-        return PrefixCache(sentence, torch.zeros((sentence.size(0), 0), dtype=torch.long))
+    def init_cache(self, encoder_out, beams=1):
+        sentence = encoder_out.out[:, 0, 0].long().repeat_interleave(beams)
+        return PrefixCache(sentence, torch.zeros((sentence.size(0), 0), dtype=torch.long), beams)
 
     def distribution(self, sentence: int, prefix: tuple) -> torch.Tensor:
         named = self.next_probs(sentence, prefix)
@@ -77,13 +81,14 @@ class ScriptedModel(nn.Module):
     def decode(self, tgt, encoder_out, cache):
         self.steps += 1
         self.training_seen.append(self.training)
-        assert torch.equal(encoder_out.out[:, 0, 0].long(), cache.sentence), "encoder rows must follow the cache"
+        rows_of = encoder_out.out[:, 0, 0].long().repeat_interleave(cache.beams)
+        assert torch.equal(rows_of, cache.sentence), "beams must stay with their sentence"
         full = torch.cat([cache.prefix, tgt], dim=1)
         logits = torch.stack([
             torch.stack([self.distribution(int(cache.sentence[row]), tuple(full[row, 1:pos + 1].tolist())).log()
                          for pos in range(cache.prefix.size(1), full.size(1))])
             for row in range(full.size(0))])
-        return logits, PrefixCache(cache.sentence, full)
+        return logits, PrefixCache(cache.sentence, full, cache.beams)
 
 
 def source(*rows):

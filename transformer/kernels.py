@@ -1,4 +1,10 @@
-"""Faster float32 linear maps on CPU: the same y = x W^T + b as `nn.Linear`, computed by oneDNN.
+"""Faster CPU kernels for the two operations of the model that dominate its time on CPU.
+
+- `linear` / `Linear`: float32 linear maps, y = x W^T + b as `nn.Linear`, computed by oneDNN; without
+  autograd (search, validation) also bf16 ones, from weights kept in oneDNN's own layout.
+- `scaled_dot_product_attention`: `F.scaled_dot_product_attention`, computed on CPU as matmul, softmax,
+  matmul instead of by torch's CPU flash-attention kernel.
+- `keep_freed_memory`: glibc malloc settings that reuse freed memory instead of returning it to the OS.
 
 Kept apart from model.py so that the model reads as the paper; model.py uses `Linear` where it would use
 `nn.Linear` (same parameters, same state_dict keys).
@@ -6,9 +12,13 @@ Kept apart from model.py so that the model reads as the paper; model.py uses `Li
 
 from __future__ import annotations
 
+import ctypes
+import platform
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 
 def _onednn_linear_op():
@@ -19,6 +29,27 @@ def _onednn_linear_op():
 
 
 _ONEDNN_LINEAR = _onednn_linear_op()
+_ONEDNN_PACK = getattr(getattr(torch.ops, "mkldnn", None), "_reorder_linear_weight", None)
+
+# weight -> ((version, data pointer) it was packed from, the packed weight); entries die with their weight.
+_PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _packed(weight: Tensor) -> Tensor:
+    """The weight reordered into oneDNN's blocked layout, made once per weight version and reused.
+
+    Unpacked, oneDNN reorders the weight on every call; packed, an inference matmul is 2-10 % faster
+    (decoding, base: beam 4 +4 %, greedy +8 % on one CPU thread). Any in-place change of the weight
+    (optimizer step, load_state_dict) bumps its version, and the next call packs it again.
+    """
+    if _ONEDNN_PACK is None or weight.is_inference():  # inference tensors have no version to check
+        return weight
+    made_from = (weight._version, weight.data_ptr())
+    entry = _PACKED.get(weight)
+    if entry is None or entry[0] != made_from:
+        entry = (made_from, _ONEDNN_PACK(weight, None))
+        _PACKED[weight] = entry
+    return entry[1]
 
 
 def _onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -56,17 +87,20 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     Why: torch's CPU builds send float32 F.linear to MKL, whose sgemm runs its AVX2 code on AMD CPUs;
     oneDNN uses AVX-512 there and measured 2x faster on a 2-core AMD EPYC in all three matmuls of a
     training step (docs/BENCHMARKS.md). Same maths; only the rounding of the sums may differ (~1e-6
-    relative), as between thread counts. Everything else (GPU, autocast, bf16/fp16 weights, torch.compile,
-    a torch without the kernel) goes to F.linear.
+    relative), as between thread counts. Without autograd (search, validation), float32 and bfloat16
+    weights are used packed (`_packed`). Everything else (GPU, autocast, fp16, bf16 with autograd,
+    torch.compile, a torch without the kernel) goes to F.linear.
     """
-    if (_ONEDNN_LINEAR is None or x.device.type != "cpu" or x.dtype != torch.float32
-            or weight.dtype != torch.float32 or torch.is_autocast_enabled("cpu")
+    if (_ONEDNN_LINEAR is None or x.device.type != "cpu" or x.dtype != weight.dtype
+            or x.dtype not in (torch.float32, torch.bfloat16) or torch.is_autocast_enabled("cpu")
             or torch.compiler.is_compiling()):
         return F.linear(x, weight, bias)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad)):
+        if x.dtype != torch.float32:
+            return F.linear(x, weight, bias)
         return _OneDNNLinear.apply(x, weight, bias)
-    return _onednn(x, weight, bias)
+    return _onednn(x, _packed(weight), bias)
 
 
 class Linear(nn.Linear):
@@ -76,3 +110,50 @@ class Linear(nn.Linear):
         return linear(x, self.weight, self.bias)
 
 
+
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
+                                 is_causal: bool = False) -> Tensor:
+    """F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal) without dropout, scale 1/sqrt(Dh).
+
+    On CPU it is computed as softmax(Q K^T / sqrt(Dh)) V with two batched matmuls and a float32 softmax.
+    Why: for the short sequences of translation, torch's CPU flash-attention kernel is slower, most of all
+    in bf16 (one thread, batch 64 x 8 heads x 32 positions, forward + backward: 30 ms in bf16 against
+    6 ms for the matmuls; float32 about level) and for the one or few queries of a decoding step
+    (docs/BENCHMARKS.md). The scores [.., Tq, Tk] are materialised, which is fine at sentence lengths.
+    GPUs keep the fused kernels (flash / memory-efficient attention).
+    """
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+    if k.dtype != torch.float32:  # reduced-precision batched matmuls are ~5x slower on strided K (a time-major
+        k = k.contiguous()        # decoder cache) than copying it first; float32 ones read it in place
+    scores = torch.matmul(q, k.transpose(-2, -1)).float() * q.shape[-1] ** -0.5  # [.., Tq, Tk]
+    if is_causal:
+        tq, tk = scores.shape[-2:]
+        attn_mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(diagonal=tk - tq)
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    return torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)  # [.., Tq, Dh]
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc keep freed memory for reuse; True where that was done (Linux with glibc).
+
+    Decoding and training allocate and free tensors of several MB many times a second (activations, the
+    decoder cache, [rows, vocabulary] logits). By default glibc serves large requests with fresh mmap'd
+    pages and trims freed heap memory back to the OS, so the OS must supply, and zero, those pages again
+    and again. Here: requests up to 32 MB come from the heap, and up to 1 GB of freed heap is kept
+    (beam-4 decoding of the base model on one CPU thread: +10 %). The process's memory then stays near its
+    peak instead of shrinking between steps. Process-wide: the entry points (train.py, translate.py,
+    evaluate.py, benchmarks/) call it once at start; LD_PRELOAD'ing jemalloc or tcmalloc is the usual
+    alternative, which this leaves alone.
+    """
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3  # <malloc.h>
+    settings = ((m_mmap_threshold, 32 << 20), (m_trim_threshold, 1 << 30), (m_top_pad, 256 << 20))
+    return all(libc.mallopt(option, value) == 1 for option, value in settings)

@@ -2,8 +2,8 @@
 
 Sections: the config; embeddings and positions (§3.4-3.5); attention (§3.2); feed-forward (§3.3);
 encoder and decoder layers (§3.1); the model with its public `encode` / `init_cache` / `decode`.
-Every linear map is `Linear`, i.e. `nn.Linear` (transformer/kernels.py only routes float32 CPU matmuls
-to a faster kernel; the maths is y = x W^T + b).
+Every linear map is `Linear`, i.e. `nn.Linear`, and attention is `F.scaled_dot_product_attention`'s maths
+(transformer/kernels.py only routes CPU work to faster kernels; the maths is unchanged).
 
 Axis letters used in shape comments:
     B  batch (sentences, or sentences x beams during search)
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer.kernels import Linear, linear
+from transformer.kernels import Linear, linear, scaled_dot_product_attention
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -150,6 +150,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, key_mask: Tensor | None = None
     The one place where masks become the kernel's: `F.scaled_dot_product_attention` reads a boolean
     `attn_mask` as True = may attend, our convention, so only shapes change here. No dropout on the
     attention weights: §5.4 applies dropout to sublayer outputs and embeddings only.
+    The kernel is `transformer.kernels.scaled_dot_product_attention` (the same maths, faster on CPU).
     """
     tq, tk = q.shape[-2], k.shape[-2]
     may_attend = None if key_mask is None else key_mask[:, None, None, :]  # [B, Tk] -> [B, 1, 1, Tk]
@@ -160,7 +161,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, key_mask: Tensor | None = None
         else:
             seen = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(diagonal=tk - tq)  # [Tq, Tk]
             may_attend = seen if may_attend is None else may_attend & seen  # [B, 1, Tq, Tk]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=may_attend, is_causal=kernel_causal)
+    return scaled_dot_product_attention(q, k, v, attn_mask=may_attend, is_causal=kernel_causal)
 
 
 def split_heads(x: Tensor, heads: int) -> Tensor:
@@ -173,6 +174,34 @@ def merge_heads(x: Tensor) -> Tensor:
     """[B, H, T, Dh] -> [B, T, D]: Concat(head_1, ..., head_h)."""
     b, h, t, dh = x.shape
     return x.transpose(1, 2).reshape(b, t, h * dh)  # [B, T, H, Dh] -> [B, T, D]
+
+
+class PastKV(NamedTuple):
+    """Self-attention keys and values of the positions decoded so far, time-major: [L, B', H, Dh] each.
+
+    rows [B] (or None: all B' = B rows in order) says which of them each of the B rows continues: beam
+    search's reorder, applied while the next position is appended (one copy of the past, not two).
+    """
+
+    k: Tensor
+    v: Tensor
+    rows: Tensor | None = None
+
+
+def append_positions(past: Tensor, rows: Tensor | None, new: Tensor) -> Tensor:
+    """past [L, B', H, Dh] (rows [B] of it, or all), then new [T, B, H, Dh] -> a new [L + T, B, H, Dh].
+
+    Without autograd the rows are gathered straight into the result, which time-major order keeps
+    contiguous; with autograd (out= is not differentiable) they are gathered, then concatenated.
+    """
+    if rows is None:
+        return torch.cat([past, new])
+    if torch.is_grad_enabled():
+        return torch.cat([past.index_select(1, rows), new])
+    out = new.new_empty(past.shape[0] + new.shape[0], *new.shape[1:])
+    torch.index_select(past, 1, rows, out=out[: past.shape[0]])
+    out[past.shape[0] :] = new
+    return out
 
 
 class SelfAttention(nn.Module):
@@ -191,20 +220,22 @@ class SelfAttention(nn.Module):
         nn.init.xavier_uniform_(self.out_proj.weight)
 
     def forward(self, x: Tensor, *, key_mask: Tensor | None = None, causal: bool = False,
-                past_kv: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """x: [B, T, D] -> (out [B, T, D], (keys, values) [B, H, L, Dh] of every position attended).
+                past: PastKV | None = None) -> tuple[Tensor, PastKV | None]:
+        """x: [B, T, D] -> (out [B, T, D], with `past`: the keys and values of every position attended).
 
-        key_mask, causal: as in `attention`. past_kv: keys and values [B, H, L - T, Dh] of earlier
-        positions (incremental decoding); x holds the positions that follow them.
+        key_mask, causal: as in `attention`. past: earlier positions (incremental decoding); x holds the
+        positions that follow them.
         """
         b, t, d = x.shape
         qkv = self.in_proj(x).view(b, t, 3, self.heads, d // self.heads)  # [B, T, 3, H, Dh]
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x [B, H, T, Dh]
-        if past_kv is not None:
-            k = torch.cat([past_kv[0], k], dim=2)  # [B, H, L, Dh]
-            v = torch.cat([past_kv[1], v], dim=2)
-        out = attention(q, k, v, key_mask=key_mask, causal=causal)  # [B, H, T, Dh]
-        return self.out_proj(merge_heads(out)), (k, v)
+        if past is None:
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x [B, H, T, Dh]
+            return self.out_proj(merge_heads(attention(q, k, v, key_mask=key_mask, causal=causal))), None
+        q = qkv[:, :, 0].transpose(1, 2)  # [B, H, T, Dh]
+        k = append_positions(past.k, past.rows, qkv[:, :, 1].transpose(0, 1))  # [L, B, H, Dh]
+        v = append_positions(past.v, past.rows, qkv[:, :, 2].transpose(0, 1))
+        out = attention(q, k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3), key_mask=key_mask, causal=causal)
+        return self.out_proj(merge_heads(out)), PastKV(k, v)
 
 
 class CrossAttention(nn.Module):
@@ -227,15 +258,23 @@ class CrossAttention(nn.Module):
         """memory [B, S, D] -> keys and values, each [B, H, S, Dh]. Computed once per source sentence."""
         b, s, d = memory.shape
         kv = self.kv_proj(memory).view(b, s, 2, self.heads, d // self.heads)  # [B, S, 2, H, Dh]
-        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # 2 x [B, H, S, Dh]
+        k, v = kv.permute(2, 0, 3, 1, 4).contiguous().unbind(0)  # 2 x [B, H, S, Dh], each read whole by matmuls
         return k, v
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor) -> Tensor:
-        """x: [B, T, D], memory_kv from `memory_kv`, src_mask [B, S] (True = real token) -> [B, T, D]."""
-        q = split_heads(self.q_proj(x), self.heads)  # [B, H, T, Dh]
+        """x: [B*K, T, D], memory_kv from `memory_kv` of B sources, src_mask [B, S] (True = real token)
+        -> [B*K, T, D].
+
+        K >= 1 rows per source (beam search's beams: rows b*K .. b*K+K-1 belong to source b) share the
+        source's keys and values: the K*T queries of a source attend together, so the K/V are neither
+        copied per beam nor moved when beams are reordered.
+        """
+        b, s = src_mask.shape
+        rows, t, d = x.shape
+        q = split_heads(self.q_proj(x).view(b, rows // b * t, d), self.heads)  # [B, H, K*T, Dh]
         k, v = memory_kv
-        out = attention(q, k, v, key_mask=src_mask)
-        return self.out_proj(merge_heads(out))
+        out = attention(q, k, v, key_mask=src_mask)  # [B, H, K*T, Dh]
+        return self.out_proj(merge_heads(out).view(rows, t, d))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -315,13 +354,13 @@ class DecoderLayer(ResidualLayer):
         self.ffn_norm = nn.LayerNorm(d)
 
     def forward(self, x: Tensor, *, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor,
-                past_kv: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """x: [B, T, D], the positions after those of past_kv -> (x [B, T, D], self-attention K/V [B, H, L, Dh]).
+                past: PastKV | None = None) -> tuple[Tensor, PastKV | None]:
+        """x: [B, T, D], the positions after those of `past` -> (x [B, T, D], with `past`: self-attention K/V).
 
         Self-attention needs no key mask: targets are right-padded, so what a real position may see
         (itself and earlier positions) holds no padding.
         """
-        y, kv = self.self_attn(self.sublayer_input(x, self.self_attn_norm), causal=True, past_kv=past_kv)
+        y, kv = self.self_attn(self.sublayer_input(x, self.self_attn_norm), causal=True, past=past)
         x = self.add_norm(x, y, self.self_attn_norm)
         y = self.cross_attn(self.sublayer_input(x, self.cross_attn_norm), memory_kv, src_mask)
         x = self.add_norm(x, y, self.cross_attn_norm)
@@ -352,8 +391,8 @@ class Decoder(nn.Module):
         self.final_norm = nn.LayerNorm(config.d_model) if config.norm_first else None
 
     def forward(self, x: Tensor, *, memory: Tensor | None = None, src_mask: Tensor,
-                cache: DecoderCache | None = None) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
-        """x: [B, T, D] -> (x [B, T, D], per layer the self-attention K/V of all positions so far).
+                cache: DecoderCache | None = None) -> tuple[Tensor, list[PastKV | None]]:
+        """x: [B, T, D] -> (x [B, T, D], with a cache: per layer the self-attention K/V of all positions).
 
         Without a cache: the whole target; cross-attention K/V are projected from memory [B, S, D].
         With a cache: x holds the positions after cache.length; cross K/V and past K/V come from it.
@@ -364,7 +403,7 @@ class Decoder(nn.Module):
                 x, kv = layer(x, memory_kv=layer.cross_attn.memory_kv(memory), src_mask=src_mask)
             else:
                 x, kv = layer(x, memory_kv=(cache.cross_k[i], cache.cross_v[i]), src_mask=src_mask,
-                              past_kv=(cache.self_k[i], cache.self_v[i]))
+                              past=PastKV(cache.self_k[i], cache.self_v[i], cache.rows))
             self_kv.append(kv)
         return (x if self.final_norm is None else self.final_norm(x)), self_kv
 
@@ -382,33 +421,41 @@ class EncoderOut(NamedTuple):
 class DecoderCache:
     """What incremental decoding keeps between steps, one entry per decoder layer.
 
-    Cross-attention keys/values are projected once per source by `Transformer.init_cache`; each
-    `decode` step returns a new cache whose self-attention keys/values have its positions appended.
-    Appending copies the past (torch.cat) instead of writing into buffers preallocated to a maximum
-    length: beam search reorders, and so copies, the whole cache at every step anyway, and a reorder
-    into large preallocated buffers measured no faster (base, batch 400, 30 steps on one CPU thread:
-    8.7 s here vs 9.1 s preallocated with a reorder per step, 7.8 s vs 7.9 s without reorders).
-    Nothing is mutated in place, so any cache stays valid and autograd works through it.
+    It decodes `beams` rows per source sentence: row b * beams + k is beam k of source b. Cross-attention
+    keys/values are projected once per source by `Transformer.init_cache` and shared by the source's rows.
+    Each `decode` step returns a new cache whose self-attention keys/values (one per row, time-major) have
+    its positions appended. `reorder_beams` copies nothing: it records which rows continue, and the next
+    step gathers them while appending (`append_positions`), one copy of the past per step. Nothing is
+    mutated in place, so any cache stays valid and autograd works through it.
     """
 
-    self_k: list[Tensor]  # per layer [B, H, L, Dh], L = positions decoded so far
-    self_v: list[Tensor]  # per layer [B, H, L, Dh]
+    self_k: list[Tensor]  # per layer [L, B*K', H, Dh], L = positions decoded so far (K' = K unless reordered)
+    self_v: list[Tensor]  # per layer [L, B*K', H, Dh]
     cross_k: list[Tensor]  # per layer [B, H, S, Dh]
     cross_v: list[Tensor]  # per layer [B, H, S, Dh]
     src_mask: Tensor  # [B, S] bool, True = real token
+    beams: int = 1  # K, rows per source
+    rows: Tensor | None = None  # [B*K] long: the self_k/self_v row each row continues (None: the same row)
 
     @property
     def length(self) -> int:
         """Target positions decoded so far; the next one is at this position."""
-        return self.self_k[0].shape[2]
+        return self.self_k[0].shape[0]
 
-    def reorder(self, indices: Tensor) -> DecoderCache:
-        """A cache whose row j is row indices[j] of this one (indices: [B'] int64), e.g. to follow beams."""
-        def select(tensors: list[Tensor]) -> list[Tensor]:
-            return [t.index_select(0, indices) for t in tensors]
-
-        return DecoderCache(self_k=select(self.self_k), self_v=select(self.self_v), cross_k=select(self.cross_k),
-                            cross_v=select(self.cross_v), src_mask=self.src_mask.index_select(0, indices))
+    def reorder_beams(self, beams: Tensor) -> DecoderCache:
+        """A cache with K' rows per source in which beam k of source b continues beam beams[b, k] of the
+        same source (beams: [B, K'] int64, values < self.beams; K' may differ, e.g. 1 -> K after a first
+        step shared by all beams). Only the self-attention keys/values move: those of cross-attention
+        belong to the source.
+        """
+        if beams.dim() != 2 or beams.shape[0] != self.src_mask.shape[0]:
+            raise ValueError(f"reorder_beams wants beam indices of shape [{self.src_mask.shape[0]}, beams] "
+                             f"(one row per source), got {list(beams.shape)}")
+        first_row = torch.arange(0, beams.shape[0] * self.beams, self.beams, device=beams.device)  # [B]
+        rows = (beams + first_row[:, None]).view(-1)  # [B*K'] rows of this cache
+        if self.rows is not None:  # reordered twice without a step between: compose
+            rows = self.rows[rows]
+        return dataclasses.replace(self, rows=rows, beams=beams.shape[1])
 
 
 class Transformer(nn.Module):
@@ -448,17 +495,21 @@ class Transformer(nn.Module):
                 )
         return EncoderOut(out=self.encoder(self.embed(src_tokens), src_mask), src_mask=src_mask)
 
-    def init_cache(self, encoder_out: EncoderOut) -> DecoderCache:
-        """An empty decoder cache for these sources, with the cross-attention K/V of every layer."""
+    def init_cache(self, encoder_out: EncoderOut, beams: int = 1) -> DecoderCache:
+        """An empty decoder cache for these B sources, decoding `beams` rows per source (B * beams rows,
+        row b * beams + k is beam k of source b), with the cross-attention K/V of every layer."""
+        if not _is_int(beams) or beams < 1:
+            raise ValueError(f"beams={beams!r} is invalid: decode at least one row per source")
         cross = [layer.cross_attn.memory_kv(encoder_out.out) for layer in self.decoder.layers]
         k = cross[0][0]  # [B, H, S, Dh], in the dtype the projections give (autocast may lower it)
-        no_positions = k.new_empty(k.shape[0], k.shape[1], 0, k.shape[3])  # [B, H, 0, Dh]
+        no_positions = k.new_empty(0, k.shape[0] * beams, k.shape[1], k.shape[3])  # [0, B*K, H, Dh]
         return DecoderCache(
             self_k=[no_positions] * len(cross),
             self_v=[no_positions] * len(cross),
             cross_k=[k for k, _ in cross],
             cross_v=[v for _, v in cross],
             src_mask=encoder_out.src_mask,
+            beams=beams,
         )
 
     def decode(self, tgt_tokens: Tensor, encoder_out: EncoderOut,
@@ -466,15 +517,17 @@ class Transformer(nn.Module):
         """Target tokens -> (logits [B, T, V], cache).
 
         Without a cache: the teacher-forced pass over the whole target [B, T] (BOS first), cache None.
-        With a cache: tgt_tokens are the new positions only (usually T = 1), at positions cache.length..;
-        encoder_out is not read (the cache holds what is needed, reordered with it); returns the new cache.
+        With a cache: tgt_tokens [B*K, T] are the new positions only (usually T = 1) of the cache's rows, at
+        positions cache.length..; encoder_out is not read (the cache holds what is needed); returns the
+        new cache.
         """
         if cache is None:
             x, _ = self.decoder(self.embed(tgt_tokens), memory=encoder_out.out, src_mask=encoder_out.src_mask)
         else:
             x, self_kv = self.decoder(self.embed(tgt_tokens, start=cache.length), src_mask=cache.src_mask,
                                       cache=cache)
-            cache = dataclasses.replace(cache, self_k=[k for k, _ in self_kv], self_v=[v for _, v in self_kv])
+            cache = dataclasses.replace(cache, self_k=[kv.k for kv in self_kv], self_v=[kv.v for kv in self_kv],
+                                        rows=None)
         logits = linear(x, self.embedding.weight)  # x E^T: [B, T, D] @ [D, V] -> [B, T, V], no bias
         return logits, cache
 

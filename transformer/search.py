@@ -1,9 +1,9 @@
 """Greedy and beam search over a model's `encode` / single-step `decode` (SPEC "Python API").
 
 The model is reached only through the interface of docs/DESIGN.md: `model.config` (special ids, vocab_size),
-`model.encode(src) -> EncoderOut` (a NamedTuple of tensors), `model.init_cache(encoder_out)`,
-`model.decode(tgt_new, encoder_out, cache) -> (logits, cache)` and `cache.reorder(indices)`. An `Ensemble`
-of models offers the same interface.
+`model.encode(src) -> EncoderOut`, `model.init_cache(encoder_out, beams)` (K rows per source, row b * K + k
+is beam k of sentence b), `model.decode(tgt_new, encoder_out, cache) -> (logits, cache)` and
+`cache.reorder_beams(beams [B, K])`. An `Ensemble` of models offers the same interface.
 
 Axis letters: B sentences, K beams per sentence, V vocabulary, L longest hypothesis (tokens before EOS).
 
@@ -12,7 +12,8 @@ Rules shared by both searches (SPEC):
   most cap = floor(max_len_a * |src| + max_len_b) tokens before its EOS; at the cap only EOS is allowed.
 - PAD and BOS are never emitted; EOS is forbidden while fewer than `min_len` tokens are generated (the cap
   wins over `min_len`). Forbidden tokens are masked to -inf *after* log_softmax, so the allowed tokens keep
-  their log-probabilities over the whole vocabulary (masking does not renormalise).
+  their log-probabilities over the whole vocabulary (masking does not renormalise). Masking writes the
+  forbidden columns in place; rows at their cap get their one candidate, EOS, after the top-k.
 - score = (sum of the generated tokens' log-probabilities, EOS included) / length_penalty(|Y|), where |Y|
   counts the generated tokens including EOS.
 
@@ -65,8 +66,8 @@ class EnsembleCache:
     def __init__(self, caches: tuple):
         self.caches = caches
 
-    def reorder(self, indices: torch.Tensor) -> EnsembleCache:
-        return EnsembleCache(tuple(cache.reorder(indices) for cache in self.caches))
+    def reorder_beams(self, beams: torch.Tensor) -> EnsembleCache:
+        return EnsembleCache(tuple(cache.reorder_beams(beams) for cache in self.caches))
 
 
 class Ensemble(nn.Module):
@@ -96,8 +97,8 @@ class Ensemble(nn.Module):
     def encode(self, src_tokens: torch.Tensor) -> tuple:
         return tuple(model.encode(src_tokens) for model in self.models)
 
-    def init_cache(self, encoder_out: tuple) -> EnsembleCache:
-        return EnsembleCache(tuple(model.init_cache(out) for model, out in zip(self.models, encoder_out)))
+    def init_cache(self, encoder_out: tuple, beams: int = 1) -> EnsembleCache:
+        return EnsembleCache(tuple(model.init_cache(out, beams) for model, out in zip(self.models, encoder_out)))
 
     def decode(self, tgt_tokens: torch.Tensor, encoder_out: tuple, cache: EnsembleCache | None = None):
         """-> (mean over the models of log_softmax(logits) [B, T, V] float32, the new cache or None)."""
@@ -112,23 +113,15 @@ class Ensemble(nn.Module):
 
 
 def _step_log_probs(model, logits: torch.Tensor) -> torch.Tensor:
-    """[N, V] log-probabilities of the next token, float32 (bf16/fp16 models are scored in fp32)."""
+    """[N, V] log-probabilities of the next token, float32 (bf16/fp16 models are scored in fp32).
+
+    Search owns the logits a step returns: log_softmax overwrites them (on one CPU thread 6 ms instead of
+    16 ms for a fresh [400, 37000] tensor, whose pages the OS must first supply).
+    """
+    logits = logits.float()
     if isinstance(model, Ensemble):
-        return logits.float()  # already the averaged log-probabilities; see Ensemble
-    return F.log_softmax(logits.float(), dim=-1)
-
-
-def _select_rows(tree, index: torch.Tensor):
-    """index_select(0, index) on every tensor of an EncoderOut (or a tuple of them, for an Ensemble)."""
-    if isinstance(tree, torch.Tensor):
-        return tree.index_select(0, index)
-    if tree is None:
-        return None
-    if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a NamedTuple
-        return type(tree)(*(_select_rows(field, index) for field in tree))
-    if isinstance(tree, (tuple, list)):
-        return type(tree)(_select_rows(field, index) for field in tree)
-    raise TypeError(f"cannot select rows of a {type(tree).__name__} in encoder_out")
+        return logits  # already the averaged log-probabilities; see Ensemble
+    return torch.log_softmax(logits, dim=-1, out=logits)
 
 
 @contextlib.contextmanager
@@ -157,23 +150,19 @@ def _penalty_table(longest: int, alpha: float, style: str, device) -> torch.Tens
     return torch.tensor(values, dtype=torch.float32, device=device)
 
 
-def _allowed_tokens(config, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[V] bool masks of the tokens search may emit: (before min_len, from min_len on, at the length cap)."""
-    free = torch.ones(config.vocab_size, dtype=torch.bool, device=device)
-    free[config.pad_id] = False
-    free[config.bos_id] = False
-    short = free.clone()
-    short[config.eos_id] = False
-    only_eos = torch.zeros_like(free)
-    only_eos[config.eos_id] = True
-    return short, free, only_eos
+def _next_token_log_probs(model, logits: torch.Tensor, step: int, min_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [N, V] of one step -> (log-probabilities [N, V] float32 with the tokens search may not emit
+    now at -inf, the log-probability of EOS [N] before masking: a row at its cap may end whatever min_len).
 
-
-def _mask(log_probs: torch.Tensor, step: int, at_cap: torch.Tensor, min_len: int, allowed) -> torch.Tensor:
-    """log_probs [N, V] with forbidden tokens at -inf; at_cap [N] bool marks rows that must end now."""
-    short, free, only_eos = allowed
-    allowed_now = torch.where(at_cap[:, None], only_eos, short if step < min_len else free)  # [N, V]
-    return log_probs.masked_fill(~allowed_now, float("-inf"))
+    PAD and BOS are never emitted; EOS not before min_len. Whole columns are written in place, after
+    log_softmax (masking does not renormalise).
+    """
+    config = model.config
+    log_probs = _step_log_probs(model, logits)
+    eos = log_probs[:, config.eos_id].clone()
+    forbidden = [config.pad_id, config.bos_id] + ([config.eos_id] if step < min_len else [])
+    log_probs[:, forbidden] = float("-inf")
+    return log_probs, eos
 
 
 def _check_options(lenpen_style: str, min_len: int, max_len_a: float, max_len_b: float):
@@ -215,23 +204,22 @@ def beam_search(model, src_tokens: torch.Tensor, *, beam: int = 4, lenpen: float
     caps = _length_caps(src_tokens, config.pad_id, max_len_a, max_len_b)   # [B]
     L = int(caps.max()) + 1 if B else 1                                      # history width (one host sync)
     penalty = _penalty_table(L, lenpen, lenpen_style, device)                # [L + 1], index |Y|
-    allowed = _allowed_tokens(config, device)
     neg_inf = float("-inf")
+    top = min(2 * K, V)                            # candidates kept per beam: the sentence's 2K best are among them
+    first = torch.arange(top, device=device) == 0  # [top]
+    cap_tokens = torch.where(first, config.eos_id, config.pad_id)                    # [top]: EOS, then nothing
 
     with _eval_mode(model):
-        # 1. Encode once; repeat encoder output and cache over the beams: row b * K + k is beam k of sentence b.
+        # 1. Encode once. The first step decodes one row per sentence (every beam starts from BOS); from then
+        # on the cache holds K rows per sentence: row b * K + k is beam k of sentence b.
         encoder_out = model.encode(src_tokens)
-        rows = torch.arange(B, device=device).repeat_interleave(K)           # [B*K]
-        cache = model.init_cache(encoder_out).reorder(rows)
-        encoder_out = _select_rows(encoder_out, rows)
-        row_caps = caps.repeat_interleave(K)                                 # [B*K]
-        row_base = torch.arange(B, device=device)[:, None] * K               # [B, 1]
+        cache = model.init_cache(encoder_out, beams=1)
 
         # Live beams: raw scores [B, K] (step 0 expands only beam 0) and their tokens [B, K, L].
         scores = torch.full((B, K), neg_inf, device=device)
         scores[:, 0] = 0.0
         history = torch.full((B, K, L), config.pad_id, dtype=torch.long, device=device)
-        last = torch.full((B * K, 1), config.bos_id, dtype=torch.long, device=device)
+        last = torch.full((B, 1), config.bos_id, dtype=torch.long, device=device)
         # Finished n-best per sentence, best first: normalised scores, tokens (PAD after the end), lengths.
         fin_scores = torch.full((B, N), neg_inf, device=device)
         fin_tokens = torch.full((B, N, L), config.pad_id, dtype=torch.long, device=device)
@@ -240,13 +228,21 @@ def beam_search(model, src_tokens: torch.Tensor, *, beam: int = 4, lenpen: float
 
         for t in range(L):  # t tokens generated so far
             # 2. One decoder step for all rows, then log-probabilities with forbidden tokens at -inf.
-            logits, cache = model.decode(last, encoder_out, cache)           # [B*K, 1, V]
-            log_probs = _mask(_step_log_probs(model, logits[:, -1]), t, row_caps <= t, min_len, allowed)
+            logits, cache = model.decode(last, encoder_out, cache)           # [B*R, 1, V], R = 1 at step 0, else K
+            log_probs, eos_log_prob = _next_token_log_probs(model, logits[:, -1], t, min_len)
+            R = log_probs.size(0) // B
 
-            # 3. Candidates: every beam extended by every token; the 2K best per sentence, best first.
-            candidates = (scores[:, :, None] + log_probs.view(B, K, V)).view(B, K * V)
+            # 3. Candidates: every beam extended by every token; the 2K best per sentence, best first. They
+            # are among each beam's 2K best tokens, so those are ranked instead of all K * V. A beam at its
+            # cap has one candidate, EOS. At step 0, beams 1.. (score -inf) copy row 0 and add nothing.
+            beam_log_probs, beam_tokens = log_probs.topk(top, dim=1)         # [B*R, top]
+            at_cap = (caps <= t).repeat_interleave(R)[:, None]
+            beam_log_probs = torch.where(at_cap, torch.where(first, eos_log_prob[:, None], neg_inf), beam_log_probs)
+            beam_tokens = torch.where(at_cap, cap_tokens, beam_tokens).view(B, R, top).expand(B, K, top)
+            beam_tokens = beam_tokens.reshape(B, K * top)
+            candidates = (scores[:, :, None] + beam_log_probs.view(B, R, top)).view(B, K * top)
             cand_scores, cand_index = candidates.topk(2 * K, dim=1)          # [B, 2K]
-            cand_beam, cand_token = cand_index // V, cand_index % V
+            cand_beam, cand_token = cand_index // top, beam_tokens.gather(1, cand_index)
             cand_eos = cand_token == config.eos_id
 
             # 4. EOS among the first K candidates: normalise (|Y| = t + 1) and merge into the n-best lists.
@@ -275,8 +271,8 @@ def beam_search(model, src_tokens: torch.Tensor, *, beam: int = 4, lenpen: float
             if bool(done.all()):
                 break
 
-            # 7. Move the decoder state with the beams: one index into the flat B*K rows.
-            cache = cache.reorder((row_base + beams).view(-1))
+            # 7. Move the decoder state with the beams (after step 0, all come from its one row per sentence).
+            cache = cache.reorder_beams(beams.clamp(max=R - 1))
             last = tokens.masked_fill(~torch.isfinite(scores), config.pad_id).view(B * K, 1)
 
     return _to_hypotheses(fin_scores, fin_tokens, fin_lengths)
@@ -303,7 +299,6 @@ def greedy_search(model, src_tokens: torch.Tensor, *, max_len_a: float = 1, max_
     caps = _length_caps(src_tokens, config.pad_id, max_len_a, max_len_b)   # [B]
     L = int(caps.max()) + 1 if B else 1
     penalty = _penalty_table(L, lenpen, lenpen_style, device)
-    allowed = _allowed_tokens(config, device)
 
     with _eval_mode(model):
         encoder_out = model.encode(src_tokens)
@@ -315,8 +310,10 @@ def greedy_search(model, src_tokens: torch.Tensor, *, max_len_a: float = 1, max_
         last = torch.full((B, 1), config.bos_id, dtype=torch.long, device=device)
         for t in range(L):
             logits, cache = model.decode(last, encoder_out, cache)           # [B, 1, V]
-            log_probs = _mask(_step_log_probs(model, logits[:, -1]), t, caps <= t, min_len, allowed)
+            log_probs, eos_log_prob = _next_token_log_probs(model, logits[:, -1], t, min_len)
             best, token = log_probs.max(dim=1)                               # [B], [B]
+            at_cap = caps <= t                                               # only EOS may follow
+            best, token = torch.where(at_cap, eos_log_prob, best), token.masked_fill(at_cap, config.eos_id)
             scores += best.masked_fill(finished, 0.0)
             token = token.masked_fill(finished, config.pad_id)
             tokens[:, t] = token

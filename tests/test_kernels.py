@@ -1,0 +1,86 @@
+"""transformer/kernels.py: each faster CPU kernel against torch's own operation, outputs and gradients."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformer import kernels
+
+TOL = 1e-5
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def reference_linear(x, weight, bias):
+    """x W^T + b in float64."""
+    out = x.double() @ weight.double().T
+    return out if bias is None else out + bias.double()
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_forward_and_backward_match_float64(with_bias):
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    weight = torch.randn(24, 16, requires_grad=True)
+    bias = torch.randn(24, requires_grad=True) if with_bias else None
+    grad = torch.randn(3, 5, 24)
+    out = kernels.linear(x, weight, bias)
+    inputs = (x, weight) + ((bias,) if with_bias else ())
+    grads = torch.autograd.grad(out, inputs, grad)
+    x64 = [t.detach().double().requires_grad_() for t in inputs]
+    ref = reference_linear(*x64, *([None] if not with_bias else []))
+    ref_grads = torch.autograd.grad(ref, x64, grad.double())
+    assert (out.double() - ref).abs().max() <= TOL
+    for got, want in zip(grads, ref_grads):
+        assert (got.double() - want).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_linear_without_autograd_uses_packed_weights_with_the_same_result(dtype, rows):
+    torch.manual_seed(0)
+    weight, bias = torch.randn(48, 32).to(dtype), torch.randn(48).to(dtype)
+    x = torch.randn(rows, 32).to(dtype)
+    with torch.no_grad():
+        out = kernels.linear(x, weight, bias)
+    if kernels._ONEDNN_PACK is not None:
+        assert weight in kernels._PACKED  # the packed weight is kept for the next call
+    tol = 1e-4 if dtype == torch.float32 else 0.1
+    assert out.dtype == dtype and (out.double() - reference_linear(x, weight, bias)).abs().max() <= tol
+
+
+@torch.no_grad()
+def test_packed_weights_follow_in_place_updates_and_inference_tensors_work():
+    torch.manual_seed(0)
+    weight, x = torch.randn(8, 4), torch.randn(2, 4)
+    kernels.linear(x, weight)
+    weight.mul_(-2.0)  # as an optimizer step or load_state_dict would: the version changes
+    assert (kernels.linear(x, weight).double() - reference_linear(x, weight, None)).abs().max() <= TOL
+    with torch.inference_mode():
+        frozen = torch.randn(8, 4)
+        assert (kernels.linear(x, frozen).double() - reference_linear(x, frozen, None)).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mask", ["none", "causal", "keys"])
+def test_cpu_attention_kernel_matches_torch_sdpa_forward_and_backward(dtype, mask):
+    """transformer.kernels' CPU matmul attention against torch's own fused kernel, outputs and gradients."""
+    torch.manual_seed(0)
+    b, h, t, dh = 3, 2, 6, 8
+    q, k, v = (torch.randn(b, h, t, dh, dtype=dtype, requires_grad=True) for _ in range(3))
+    key_mask = (torch.arange(t)[None, :] < torch.tensor([6, 4, 1])[:, None])[:, None, None, :]  # [B, 1, 1, T]
+    options = {"none": {}, "causal": {"is_causal": True}, "keys": {"attn_mask": key_mask}}[mask]
+    grad = torch.randn(b, h, t, dh, dtype=dtype)
+    results = []
+    for kernel in (kernels.scaled_dot_product_attention, F.scaled_dot_product_attention):
+        out = kernel(q, k, v, **options)
+        results.append((out, *torch.autograd.grad(out, (q, k, v), grad)))
+    tol = TOL if dtype == torch.float32 else 0.05
+    for ours, torchs in zip(*results):
+        assert ours.dtype == dtype and (ours.float() - torchs.float()).abs().max() <= tol
