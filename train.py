@@ -355,7 +355,7 @@ def train(argv: list[str], stop: StopRequest) -> int:
     frozen = finetune.freeze(model, parts=cfg.train.freeze, train_top_layers=cfg.train.train_top_layers)
     if frozen:
         log.info("%s", finetune.describe_frozen(model, frozen))
-    optimizer = make_optimizer(finetune.trainable(model), fused=device.type == "cuda")
+    optimizer = make_optimizer(finetune.trainable(model))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, noam_lambda(d_model=mcfg.d_model, warmup_steps=cfg.train.warmup_steps,
                                lr_scale=cfg.train.lr_scale))

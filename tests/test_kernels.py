@@ -43,28 +43,47 @@ def test_linear_forward_and_backward_match_float64(with_bias):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 7, 64])
-def test_linear_without_autograd_uses_packed_weights_with_the_same_result(dtype, rows):
+def test_linear_in_a_frozen_weights_block_uses_packed_weights_with_the_same_result(dtype, rows):
     torch.manual_seed(0)
     weight, bias = torch.randn(48, 32).to(dtype), torch.randn(48).to(dtype)
     x = torch.randn(rows, 32).to(dtype)
-    with torch.no_grad():
+    with torch.no_grad(), kernels.frozen_weights():
         out = kernels.linear(x, weight, bias)
-    if kernels._ONEDNN_PACK is not None:
-        assert weight in kernels._PACKED  # the packed weight is kept for the next call
+        if kernels._ONEDNN_PACK is not None:
+            assert weight in kernels._PACKED  # packed once, reused by the next call in the block
+        again = kernels.linear(x, weight, bias)
+    assert kernels._PACKED is None  # dropped with the block
     tol = 1e-4 if dtype == torch.float32 else 0.1
     assert out.dtype == dtype and (out.double() - reference_linear(x, weight, bias)).abs().max() <= tol
+    assert torch.equal(out, again)
+
+
+def test_weights_changed_by_fused_adam_are_used_after_a_frozen_block():
+    """torch's fused Adam updates parameters without bumping their version: packed copies must not outlive
+    the block in which weights are frozen (as a validation search between training steps)."""
+    torch.manual_seed(0)
+    weight, x = torch.nn.Parameter(torch.randn(8, 4)), torch.randn(2, 4)
+    optimizer = torch.optim.Adam([weight], lr=0.5, fused=True)
+    with torch.no_grad(), kernels.frozen_weights():
+        kernels.linear(x, weight)
+    weight.grad = torch.ones(8, 4)
+    optimizer.step()
+    with torch.no_grad(), kernels.frozen_weights():
+        out = kernels.linear(x, weight)
+    assert (out.double() - reference_linear(x, weight.detach(), None)).abs().max() <= TOL
 
 
 @torch.no_grad()
 def test_packed_weights_follow_in_place_updates_and_inference_tensors_work():
     torch.manual_seed(0)
     weight, x = torch.randn(8, 4), torch.randn(2, 4)
-    kernels.linear(x, weight)
-    weight.mul_(-2.0)  # as an optimizer step or load_state_dict would: the version changes
-    assert (kernels.linear(x, weight).double() - reference_linear(x, weight, None)).abs().max() <= TOL
-    with torch.inference_mode():
-        frozen = torch.randn(8, 4)
-        assert (kernels.linear(x, frozen).double() - reference_linear(x, frozen, None)).abs().max() <= TOL
+    with kernels.frozen_weights():
+        kernels.linear(x, weight)
+        weight.mul_(-2.0)  # an in-place change that bumps the version is caught even inside the block
+        assert (kernels.linear(x, weight).double() - reference_linear(x, weight, None)).abs().max() <= TOL
+        with torch.inference_mode():
+            frozen = torch.randn(8, 4)
+            assert (kernels.linear(x, frozen).double() - reference_linear(x, frozen, None)).abs().max() <= TOL
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -504,3 +504,24 @@ def test_world_size_one_runs_without_a_process_group(monkeypatch):
     assert distributed.all_reduce_sum(tensor) is tensor and tensor.tolist() == [1.0, 2.0]
     distributed.barrier()
     distributed.cleanup()
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_adam_steps_follow_the_adam_formula(fused):
+    """Two updates of both implementations against Adam written out (Kingma & Ba, bias-corrected)."""
+    weight = torch.nn.Parameter(torch.tensor([0.5, -1.0, 2.0]))
+    optimizer = make_optimizer([weight], fused=fused)
+    group = optimizer.param_groups[0]
+    assert group["fused"] if fused else group["foreach"]  # fused Adam runs on CPU since torch 2.4
+    for group in optimizer.param_groups:
+        group["lr"] = 0.1
+    value, m, v = [0.5, -1.0, 2.0], [0.0] * 3, [0.0] * 3
+    for n, grad in enumerate(([0.3, -0.2, 1.0], [-0.1, 0.4, 0.5]), start=1):
+        weight.grad = torch.tensor(grad)
+        optimizer.step()
+        for i, g in enumerate(grad):
+            m[i] = 0.9 * m[i] + 0.1 * g
+            v[i] = 0.98 * v[i] + 0.02 * g * g
+            m_hat, v_hat = m[i] / (1 - 0.9**n), v[i] / (1 - 0.98**n)
+            value[i] -= 0.1 * m_hat / (math.sqrt(v_hat) + 1e-9)
+        assert weight.tolist() == pytest.approx(value, rel=1e-6)

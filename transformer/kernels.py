@@ -1,7 +1,7 @@
 """Faster CPU kernels for the two operations of the model that dominate its time on CPU.
 
 - `linear` / `Linear`: float32 linear maps, y = x W^T + b as `nn.Linear`, computed by oneDNN; without
-  autograd (search, validation) also bf16 ones, from weights kept in oneDNN's own layout.
+  autograd also bf16 ones, and inside `frozen_weights()` (search) from weights packed for oneDNN.
 - `scaled_dot_product_attention`: `F.scaled_dot_product_attention`, computed on CPU as matmul, softmax,
   matmul instead of by torch's CPU flash-attention kernel.
 - `keep_freed_memory`: glibc malloc settings that reuse freed memory instead of returning it to the OS.
@@ -12,6 +12,7 @@ Kept apart from model.py so that the model reads as the paper; model.py uses `Li
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import platform
 
@@ -31,20 +32,36 @@ def _onednn_linear_op():
 _ONEDNN_LINEAR = _onednn_linear_op()
 _ONEDNN_PACK = getattr(getattr(torch.ops, "mkldnn", None), "_reorder_linear_weight", None)
 
-# weight -> ((version, data pointer) it was packed from, the packed weight); entries die with their weight.
-_PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+# Inside `frozen_weights()`: weight -> ((version, data pointer) it was packed from, the packed weight).
+_PACKED: WeakIdKeyDictionary | None = None
+
+
+@contextlib.contextmanager
+def frozen_weights():
+    """A block in which weights do not change (search, translation): CPU linear maps without autograd use
+    each weight packed into oneDNN's blocked layout, made on first use and dropped when the block ends.
+
+    Unpacked, oneDNN reorders the weight on every call; packed, an inference matmul is 2-10 % faster
+    (decoding, base: beam 4 +4 %, greedy +8 % on one CPU thread). The block is needed because a weight
+    can change without any sign on the tensor: torch's fused Adam updates parameters in place without
+    bumping their version counter. Nested blocks share the outer one's packed weights.
+    """
+    global _PACKED
+    if _PACKED is not None:
+        yield
+        return
+    _PACKED = WeakIdKeyDictionary()
+    try:
+        yield
+    finally:
+        _PACKED = None
 
 
 def _packed(weight: Tensor) -> Tensor:
-    """The weight reordered into oneDNN's blocked layout, made once per weight version and reused.
-
-    Unpacked, oneDNN reorders the weight on every call; packed, an inference matmul is 2-10 % faster
-    (decoding, base: beam 4 +4 %, greedy +8 % on one CPU thread). Any in-place change of the weight
-    (optimizer step, load_state_dict) bumps its version, and the next call packs it again.
-    """
-    if _ONEDNN_PACK is None or weight.is_inference():  # inference tensors have no version to check
+    """Inside `frozen_weights()`, the weight packed once and reused; elsewhere the weight itself."""
+    if _PACKED is None or _ONEDNN_PACK is None or weight.is_inference():  # inference tensors: no version
         return weight
-    made_from = (weight._version, weight.data_ptr())
+    made_from = (weight._version, weight.data_ptr())  # a guard against in-place changes that do count
     entry = _PACKED.get(weight)
     if entry is None or entry[0] != made_from:
         entry = (made_from, _ONEDNN_PACK(weight, None))
@@ -87,8 +104,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     Why: torch's CPU builds send float32 F.linear to MKL, whose sgemm runs its AVX2 code on AMD CPUs;
     oneDNN uses AVX-512 there and measured 2x faster on a 2-core AMD EPYC in all three matmuls of a
     training step (docs/BENCHMARKS.md). Same maths; only the rounding of the sums may differ (~1e-6
-    relative), as between thread counts. Without autograd (search, validation), float32 and bfloat16
-    weights are used packed (`_packed`). Everything else (GPU, autocast, fp16, bf16 with autograd,
+    relative), as between thread counts. Without autograd, float32 and bfloat16 go to oneDNN, with
+    packed weights inside `frozen_weights()`. Everything else (GPU, autocast, fp16, bf16 with autograd,
     torch.compile, a torch without the kernel) goes to F.linear.
     """
     if (_ONEDNN_LINEAR is None or x.device.type != "cpu" or x.dtype != weight.dtype

@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from transformer.kernels import frozen_weights
+
 LENPEN_STYLES = ("gnmt", "power")
 
 
@@ -209,7 +211,7 @@ def beam_search(model, src_tokens: torch.Tensor, *, beam: int = 4, lenpen: float
     first = torch.arange(top, device=device) == 0  # [top]
     cap_tokens = torch.where(first, config.eos_id, config.pad_id)                    # [top]: EOS, then nothing
 
-    with _eval_mode(model):
+    with _eval_mode(model), frozen_weights():
         # 1. Encode once. The first step decodes one row per sentence (every beam starts from BOS); from then
         # on the cache holds K rows per sentence: row b * K + k is beam k of sentence b.
         encoder_out = model.encode(src_tokens)
@@ -300,7 +302,7 @@ def greedy_search(model, src_tokens: torch.Tensor, *, max_len_a: float = 1, max_
     L = int(caps.max()) + 1 if B else 1
     penalty = _penalty_table(L, lenpen, lenpen_style, device)
 
-    with _eval_mode(model):
+    with _eval_mode(model), frozen_weights():
         encoder_out = model.encode(src_tokens)
         cache = model.init_cache(encoder_out)
         scores = torch.zeros(B, device=device)

@@ -6,7 +6,7 @@ entry points.
 
 from __future__ import annotations
 
-import contextlib
+import copy
 from typing import Iterable, Iterator, Sequence
 
 import torch
@@ -68,21 +68,19 @@ def translate_ids(
     results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0)] * nbest for _ in sources]
     todo = [i for i, src in enumerate(sources) if len(src) > 0]
     lengths = [len(sources[i]) + 1 for i in todo]
-    autocast = (
-        torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
-        if precision == "bf16"
-        else contextlib.nullcontext()
-    )
+    if precision == "bf16":
+        # As inference engines do: the weights themselves in bfloat16 (autocast would re-cast them at every
+        # matmul and keep float32 activations: 5-17 % slower decoding on CPU). Search scores in float32.
+        model = copy.deepcopy(model).to(torch.bfloat16)
     for batch in length_sorted_batches(lengths, max_tokens):
         indices = [todo[j] for j in batch]
         src = pad_rows((list(sources[i]) + [config.eos_id] for i in indices), config.pad_id, device)
-        with autocast:
-            if beam == 1 and lenpen == 0:  # the same result as beam_search, without the beam bookkeeping
-                hyps = greedy_search(model, src, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
-                                     lenpen=lenpen, lenpen_style=lenpen_style)
-            else:
-                hyps = beam_search(model, src, beam=beam, lenpen=lenpen, lenpen_style=lenpen_style,
-                                   max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len, nbest=nbest)
+        if beam == 1 and lenpen == 0:  # the same result as beam_search, without the beam bookkeeping
+            hyps = greedy_search(model, src, max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len,
+                                 lenpen=lenpen, lenpen_style=lenpen_style)
+        else:
+            hyps = beam_search(model, src, beam=beam, lenpen=lenpen, lenpen_style=lenpen_style,
+                               max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len, nbest=nbest)
         for i, hyp in zip(indices, hyps):
             results[i] = hyp
         if progress is not None:
