@@ -53,6 +53,15 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
+def load_remark(before: float, after: float) -> str:
+    """How the load average qualifies the figures: the benchmark itself keeps about one core busy."""
+    text = f"1-minute load average {before:.1f} before, {after:.1f} after"
+    if max(before, after) > 1.5:
+        text += (" (other jobs shared the cores: absolute figures are pessimistic and noisy; the engines ran "
+                 "in turns, so the ratios are fair)")
+    return text
+
+
 def versions(*names: str) -> str:
     """'python 3.11.7, torch 2.13.0, ...' for the packages that are importable."""
     out = [f"python {platform.python_version()}", f"torch {torch.__version__}"]

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from _common import (alternate, describe, load_average, machine, marian_model, median, model_configs,
-                     random_tokens, table, versions, write_section)
+from _common import (alternate, describe, load_average, load_remark, machine, marian_model, median,
+                     model_configs, random_tokens, table, versions, write_section)
 from transformer.model import Transformer, TransformerConfig
 from transformer.search import beam_search, greedy_search
 
@@ -188,8 +188,8 @@ def run(args, device: torch.device) -> str:
     heading = HEADING_GPU if device.type == "cuda" else HEADING_CPU
     lines = [
         heading, "",
-        f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {machine(device)}; 1-minute load average "
-        f"{load_before:.1f} before, {load_after:.1f} after. {versions('transformers', 'ctranslate2')}. "
+        f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {machine(device)}; "
+        f"{load_remark(load_before, load_after)}. {versions('transformers', 'ctranslate2')}. "
         f"Command: `{command}` ({args.warmup} warm-up + {args.repeats} timed runs per engine, in turns, "
         f"medians). {SENTENCES} sentences × {SRC_LEN} source tokens in one batch, exactly {OUT_LEN} generated "
         f"tokens each; CTranslate2 with inter_threads=1, intra_threads={threads}. Models: small = "

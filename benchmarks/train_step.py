@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from _common import (ROOT, alternate, describe, load_average, machine, marian_model, matmul_peak, median,
-                     model_configs, random_tokens, table, versions, write_section)
+from _common import (ROOT, alternate, describe, load_average, load_remark, machine, marian_model, matmul_peak,
+                     median, model_configs, random_tokens, table, versions, write_section)
 from transformer.loss import label_smoothed_nll
 from transformer.kernels import _ONEDNN_LINEAR, _onednn
 from transformer.model import Transformer, TransformerConfig
@@ -148,9 +148,8 @@ def cpu_section(args) -> str:
                + (f" --threads {args.threads}" if args.threads else "") + " --write docs/BENCHMARKS.md")
     lines = [
         HEADING_CPU, "",
-        f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {machine(device)}; 1-minute load average "
-        f"{load_before:.1f} before, {load_after:.1f} after (other jobs shared the 2 cores: absolute figures "
-        "are pessimistic and noisy; the engines ran in turns, so the ratios are fair). "
+        f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {machine(device)}; "
+        f"{load_remark(load_before, load_after)}. "
         f"{versions('transformers')}. Command: `{command}` ({args.warmup} warm-up + {args.repeats} timed "
         "steps per engine and precision, medians).", "",
         f"Matmul peak measured in the same run (2048³): float32 `torch.mm` (MKL) {peaks['mkl'] / 1e9:.0f} "
