@@ -50,9 +50,9 @@ def test_linear_in_a_frozen_weights_block_uses_packed_weights_with_the_same_resu
     with torch.no_grad(), kernels.frozen_weights():
         out = kernels.linear(x, weight, bias)
         if kernels._ONEDNN_PACK is not None:
-            assert weight in kernels._PACKED  # packed once, reused by the next call in the block
+            assert weight in kernels._PACKED.get()  # packed once, reused by the next call in the block
         again = kernels.linear(x, weight, bias)
-    assert kernels._PACKED is None  # dropped with the block
+    assert kernels._PACKED.get() is None  # dropped with the block
     tol = 1e-4 if dtype == torch.float32 else 0.1
     assert out.dtype == dtype and (out.double() - reference_linear(x, weight, bias)).abs().max() <= tol
     assert torch.equal(out, again)
@@ -103,3 +103,31 @@ def test_cpu_attention_kernel_matches_torch_sdpa_forward_and_backward(dtype, mas
     tol = TOL if dtype == torch.float32 else 0.05
     for ours, torchs in zip(*results):
         assert ours.dtype == dtype and (ours.float() - torchs.float()).abs().max() <= tol
+
+
+def test_cpu_attention_kernel_scores_bf16_in_float32_and_follows_torchs_causal_rule():
+    torch.manual_seed(0)
+    q, k, v = (3 * torch.randn(8, 8, 32, 64).bfloat16() for _ in range(3))  # large scores: rounding them shows
+    exact = torch.softmax(q.double() @ k.double().transpose(-2, -1) / 8, dim=-1) @ v.double()
+    ours, torchs = (kernel(q, k, v) for kernel in (kernels.scaled_dot_product_attention,
+                                                   F.scaled_dot_product_attention))
+    ours_error, torch_error = ((x.double() - exact).abs().max().item() for x in (ours, torchs))
+    assert ours_error <= 2 * torch_error, (ours_error, torch_error)  # bf16 scores: 9x torch's error
+    q = torch.randn(2, 2, 3, 8)  # Tq < Tk: torch's causal mask is top-left aligned (query i sees keys <= i)
+    k, v = torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert (kernels.scaled_dot_product_attention(q, k, v, is_causal=True) - expected).abs().max() <= TOL
+    with pytest.raises(ValueError, match="either attn_mask or is_causal"):
+        kernels.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(3, 6, dtype=torch.bool), is_causal=True)
+
+
+def test_packed_weights_are_not_seen_by_another_thread():
+    import threading
+
+    seen = []
+    with kernels.frozen_weights():
+        thread = threading.Thread(target=lambda: seen.append(kernels._PACKED.get()))
+        thread.start()
+        thread.join()
+        assert kernels._PACKED.get() is not None
+    assert seen == [None]

@@ -362,6 +362,12 @@ def test_exhaustive_beam_finds_the_brute_force_best(style, alpha):
             assert hyp.score == pytest.approx(score, abs=1e-5)
 
 
+def test_an_empty_batch_gives_no_hypotheses():
+    model = tiny_model(vocab_size=20, seed=4)
+    empty = torch.zeros((0, 5), dtype=torch.long)
+    assert beam_search(model, empty) == [] and greedy_search(model, empty) == []
+
+
 def test_batched_search_equals_searching_each_sentence_alone():
     model = tiny_model(vocab_size=20, seed=4)
     src = random_source(20, [6, 1, 3], seed=5)

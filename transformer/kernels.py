@@ -13,6 +13,7 @@ Kept apart from model.py so that the model reads as the paper; model.py uses `Li
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import platform
 
@@ -32,8 +33,9 @@ def _onednn_linear_op():
 _ONEDNN_LINEAR = _onednn_linear_op()
 _ONEDNN_PACK = getattr(getattr(torch.ops, "mkldnn", None), "_reorder_linear_weight", None)
 
-# Inside `frozen_weights()`: weight -> ((version, data pointer) it was packed from, the packed weight).
-_PACKED: WeakIdKeyDictionary | None = None
+# Inside `frozen_weights()`: weight -> ((version, data pointer) it was packed from, the packed weight). A
+# context variable, so that another thread (or asyncio task) outside the block never sees packed weights.
+_PACKED: contextvars.ContextVar[WeakIdKeyDictionary | None] = contextvars.ContextVar("packed", default=None)
 
 
 @contextlib.contextmanager
@@ -46,26 +48,26 @@ def frozen_weights():
     can change without any sign on the tensor: torch's fused Adam updates parameters in place without
     bumping their version counter. Nested blocks share the outer one's packed weights.
     """
-    global _PACKED
-    if _PACKED is not None:
+    if _PACKED.get() is not None:
         yield
         return
-    _PACKED = WeakIdKeyDictionary()
+    token = _PACKED.set(WeakIdKeyDictionary())
     try:
         yield
     finally:
-        _PACKED = None
+        _PACKED.reset(token)
 
 
 def _packed(weight: Tensor) -> Tensor:
     """Inside `frozen_weights()`, the weight packed once and reused; elsewhere the weight itself."""
-    if _PACKED is None or _ONEDNN_PACK is None or weight.is_inference():  # inference tensors: no version
+    packed = _PACKED.get()
+    if packed is None or _ONEDNN_PACK is None or weight.is_inference():  # inference tensors: no version
         return weight
     made_from = (weight._version, weight.data_ptr())  # a guard against in-place changes that do count
-    entry = _PACKED.get(weight)
+    entry = packed.get(weight)
     if entry is None or entry[0] != made_from:
         entry = (made_from, _ONEDNN_PACK(weight, None))
-        _PACKED[weight] = entry
+        packed[weight] = entry
     return entry[1]
 
 
@@ -133,21 +135,26 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
                                  is_causal: bool = False) -> Tensor:
     """F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal) without dropout, scale 1/sqrt(Dh).
 
-    On CPU it is computed as softmax(Q K^T / sqrt(Dh)) V with two batched matmuls and a float32 softmax.
-    Why: for the short sequences of translation, torch's CPU flash-attention kernel is slower, most of all
-    in bf16 (one thread, batch 64 x 8 heads x 32 positions, forward + backward: 30 ms in bf16 against
-    6 ms for the matmuls; float32 about level) and for the one or few queries of a decoding step
-    (docs/BENCHMARKS.md). The scores [.., Tq, Tk] are materialised, which is fine at sentence lengths.
-    GPUs keep the fused kernels (flash / memory-efficient attention).
+    On CPU it is computed as softmax(Q K^T / sqrt(Dh)) V with two batched matmuls; the scores and the
+    softmax are float32 (float64 for float64 inputs), as in torch's fused kernels, and only the weights are
+    cast back for the product with V. Why: for the short sequences of translation, torch's CPU
+    flash-attention kernel is slower, most of all in bf16 (one thread, batch 64 x 8 heads x 32 positions,
+    forward + backward: 30 ms in bf16 against 6 ms for the matmuls; float32 about level) and for the one or
+    few queries of a decoding step (docs/BENCHMARKS.md). The scores [.., Tq, Tk] are materialised, which is
+    fine at sentence lengths. GPUs keep the fused kernels (flash / memory-efficient attention).
+    Unlike torch's kernels, a query row with no key allowed gives NaN (`attention` never builds one).
     """
     if q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
-    if k.dtype != torch.float32:  # reduced-precision batched matmuls are ~5x slower on strided K (a time-major
-        k = k.contiguous()        # decoder cache) than copying it first; float32 ones read it in place
-    scores = torch.matmul(q, k.transpose(-2, -1)).float() * q.shape[-1] ** -0.5  # [.., Tq, Tk]
-    if is_causal:
+    if is_causal and attn_mask is not None:
+        raise ValueError("pass either attn_mask or is_causal=True, as F.scaled_dot_product_attention wants")
+    score_dtype = torch.promote_types(q.dtype, torch.float32)
+    # Reduced-precision K is read as float32: exact scores, and a contiguous copy (bf16 batched matmuls
+    # are ~5x slower on a strided K such as the time-major decoder cache; float32 ones read it in place).
+    scores = torch.matmul(q.to(score_dtype), k.to(score_dtype).transpose(-2, -1)) * q.shape[-1] ** -0.5
+    if is_causal:  # query i sees keys 0..i (top-left aligned, as torch's)
         tq, tk = scores.shape[-2:]
-        attn_mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(diagonal=tk - tq)
+        attn_mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril()
     if attn_mask is not None:
         scores = scores.masked_fill(~attn_mask, float("-inf"))
     return torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)  # [.., Tq, Dh]

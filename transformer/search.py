@@ -118,7 +118,8 @@ def _step_log_probs(model, logits: torch.Tensor) -> torch.Tensor:
     """[N, V] log-probabilities of the next token, float32 (bf16/fp16 models are scored in fp32).
 
     Search owns the logits a step returns: log_softmax overwrites them (on one CPU thread 6 ms instead of
-    16 ms for a fresh [400, 37000] tensor, whose pages the OS must first supply).
+    16 ms for a fresh [400, 37000] tensor, whose pages the OS must first supply), and the caller masks
+    columns of the result in place (an Ensemble's averaged log-probabilities included).
     """
     logits = logits.float()
     if isinstance(model, Ensemble):
@@ -203,8 +204,10 @@ def beam_search(model, src_tokens: torch.Tensor, *, beam: int = 4, lenpen: float
     config = model.config
     device = src_tokens.device
     B, K, N, V = src_tokens.size(0), beam, nbest, config.vocab_size
+    if B == 0:
+        return []
     caps = _length_caps(src_tokens, config.pad_id, max_len_a, max_len_b)   # [B]
-    L = int(caps.max()) + 1 if B else 1                                      # history width (one host sync)
+    L = int(caps.max()) + 1                                                  # history width (one host sync)
     penalty = _penalty_table(L, lenpen, lenpen_style, device)                # [L + 1], index |Y|
     neg_inf = float("-inf")
     top = min(2 * K, V)                            # candidates kept per beam: the sentence's 2K best are among them
@@ -298,8 +301,10 @@ def greedy_search(model, src_tokens: torch.Tensor, *, max_len_a: float = 1, max_
     config = model.config
     device = src_tokens.device
     B = src_tokens.size(0)
+    if B == 0:
+        return []
     caps = _length_caps(src_tokens, config.pad_id, max_len_a, max_len_b)   # [B]
-    L = int(caps.max()) + 1 if B else 1
+    L = int(caps.max()) + 1
     penalty = _penalty_table(L, lenpen, lenpen_style, device)
 
     with _eval_mode(model), frozen_weights():
