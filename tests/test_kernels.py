@@ -131,3 +131,11 @@ def test_packed_weights_are_not_seen_by_another_thread():
         thread.join()
         assert kernels._PACKED.get() is not None
     assert seen == [None]
+
+
+def test_keep_freed_memory_applies_its_malloc_settings_on_glibc():
+    import platform
+
+    applied = kernels.keep_freed_memory()
+    assert applied == (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
+    assert kernels.keep_freed_memory() == applied  # calling it again (a second entry point) is harmless

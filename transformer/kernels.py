@@ -167,7 +167,7 @@ def keep_freed_memory() -> bool:
     decoder cache, [rows, vocabulary] logits). By default glibc serves large requests with fresh mmap'd
     pages and trims freed heap memory back to the OS, so the OS must supply, and zero, those pages again
     and again. Here: requests up to 32 MB come from the heap, and up to 1 GB of freed heap is kept
-    (beam-4 decoding of the base model on one CPU thread: +10 %). The process's memory then stays near its
+    (beam-4 decoding of the base model on one CPU thread: +7 %). The process's memory then stays near its
     peak instead of shrinking between steps. Process-wide: the entry points (train.py, translate.py,
     evaluate.py, benchmarks/) call it once at start; LD_PRELOAD'ing jemalloc or tcmalloc is the usual
     alternative, which this leaves alone.
