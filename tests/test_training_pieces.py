@@ -73,10 +73,27 @@ def test_loss_equals_torch_cross_entropy_with_label_smoothing():
 
 def test_no_smoothing_gives_the_plain_nll():
     torch.manual_seed(2)
-    logits, target = torch.randn(6, 9), torch.randint(1, 9, (6,))
+    logits, target = torch.randn(6, 9, requires_grad=True), torch.randint(1, 9, (6,))
     loss, nll = label_smoothed_nll(logits, target, epsilon=0.0, ignore_index=PAD)
+    reference = F.cross_entropy(logits, target, reduction="sum")
     torch.testing.assert_close(loss, nll)
-    torch.testing.assert_close(loss, F.cross_entropy(logits, target, reduction="sum"))
+    torch.testing.assert_close(loss, reference)
+    torch.testing.assert_close(torch.autograd.grad(loss, logits)[0], torch.autograd.grad(reference, logits)[0])
+
+
+def test_bf16_logits_get_a_bf16_gradient_of_the_float32_loss():
+    torch.manual_seed(6)
+    logits = torch.randn(5, 4, 31).bfloat16().requires_grad_()
+    target = torch.randint(0, 31, (5, 4))
+    loss, _ = label_smoothed_nll(logits, target, epsilon=EPS, ignore_index=PAD)
+    (grad,) = torch.autograd.grad(2.0 * loss, logits)  # an upstream factor, as the token normalisation
+    wide = logits.detach().float().requires_grad_()
+    reference = F.cross_entropy(wide.view(-1, 31), target.view(-1), label_smoothing=EPS, ignore_index=PAD,
+                                reduction="sum")
+    (grad_reference,) = torch.autograd.grad(2.0 * reference, wide)
+    assert grad.dtype == torch.bfloat16 and loss.dtype == torch.float32
+    torch.testing.assert_close(loss, reference)
+    assert (grad.float() - grad_reference).abs().max() <= 0.01
 
 
 def test_padding_does_not_change_loss():
