@@ -54,8 +54,8 @@ class _LabelSmoothedNLL(torch.autograd.Function):
         grad = lprobs.exp_()  # p, over the saved log p: nothing else reads it
         if epsilon:
             grad.sub_(epsilon / vocab)
-        rows = real.nonzero().squeeze(1)
-        grad.index_put_((rows, target[rows]), torch.tensor(-(1.0 - epsilon), device=grad.device), accumulate=True)
+        picked = target.masked_fill(~real, 0)[:, None]  # [N, 1]; ignored rows are zeroed below
+        grad.scatter_add_(1, picked, torch.full_like(picked, -(1.0 - epsilon), dtype=grad.dtype))
         grad.mul_((real * grad_loss)[:, None])  # ignored tokens: 0
         return grad.to(ctx.logits_dtype), None, None, None
 
