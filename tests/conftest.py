@@ -12,6 +12,17 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny tensors gain nothing from threads, and on a shared machine spinning threads cost seconds."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The real WMT sample beside the checkout; skipped when absent, except under CI where it must exist."""
