@@ -53,6 +53,17 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
+def print_profile(title: str, fn: Callable[[], object], rows: int) -> None:
+    """Run fn once to warm up, then once under torch.profiler; print its top `rows` ops by self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    print(f"=== {title}")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
+
+
 def load_remark(before: float, after: float) -> str:
     """How the load average qualifies the figures: the benchmark itself keeps about one core busy."""
     text = f"1-minute load average {before:.1f} before, {after:.1f} after"

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from _common import (alternate, describe, load_average, load_remark, machine, marian_model, median,
-                     model_configs, random_tokens, table, versions, write_section)
+                     model_configs, print_profile, random_tokens, table, versions, write_section)
 from transformer.model import Transformer, TransformerConfig
 from transformer.search import beam_search, greedy_search
 
@@ -205,26 +205,15 @@ def run(args, device: torch.device) -> str:
 
 
 def profile(args) -> None:
-    from torch.profiler import ProfilerActivity, profile as torch_profile
-
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with tempfile.TemporaryDirectory() as tmp:
         engines = Engines(model_configs()[args.profile], device=device, threads=torch.get_num_threads(),
                           workdir=Path(tmp), with_ct2=False)
         beam = 4 if args.mode == "beam" else 1
-        for label, model in (("ours fp32", engines.ours), ("ours bf16", engines.ours_bf16)):
-            fn = engines.ours_fn(model, beam)
-            fn()
-            with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-                fn()
-            print(f"=== {label}, {args.profile}, {args.mode}")
-            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
-        fn = engines.marian_fn(engines.marian, beam)
-        fn()
-        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-            fn()
-        print(f"=== Marian generate fp32, {args.profile}, {args.mode}")
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
+        for label, fn in (("ours fp32", engines.ours_fn(engines.ours, beam)),
+                          ("ours bf16", engines.ours_fn(engines.ours_bf16, beam)),
+                          ("Marian generate fp32", engines.marian_fn(engines.marian, beam))):
+            print_profile(f"{label}, {args.profile}, {args.mode}", fn, args.rows)
 
 
 def main() -> None:

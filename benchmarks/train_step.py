@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from _common import (ROOT, alternate, describe, load_average, load_remark, machine, marian_model, matmul_peak,
-                     median, model_configs, random_tokens, table, versions, write_section)
+                     median, model_configs, print_profile, random_tokens, table, versions, write_section)
 from transformer.loss import label_smoothed_nll
 from transformer.kernels import _ONEDNN_LINEAR, _onednn
 from transformer.model import Transformer, TransformerConfig
@@ -233,16 +233,11 @@ def gpu_section(args) -> str:
 
 # ------------------------------------------------------------------------------------------ profile
 def profile(args) -> None:
-    from torch.profiler import ProfilerActivity, profile as torch_profile
-
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     engines = Engines(model_configs()[args.profile], batch=64, src_len=32, tgt_len=32, device=device)
     for engine in ("ours", "marian"):
-        engines.step(engine, args.precision)
-        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-            engines.step(engine, args.precision)
-        print(f"=== {engine}, {args.profile}, {args.precision}")
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
+        print_profile(f"{engine}, {args.profile}, {args.precision}",
+                      lambda: engines.step(engine, args.precision), args.rows)
 
 
 def main() -> None:

@@ -35,7 +35,8 @@ class _LabelSmoothedNLL(torch.autograd.Function):
             lprobs = logits.float()
             torch.log_softmax(lprobs, dim=-1, out=lprobs)  # [N, V], in our own float32 copy
         real = target != ignore_index  # [N]
-        picked = lprobs.gather(1, target.masked_fill(~real, 0)[:, None]).squeeze(1)  # log p(y)  [N]
+        target = target.masked_fill(~real, 0)  # ignored tokens point at column 0 and are zeroed below
+        picked = lprobs.gather(1, target[:, None]).squeeze(1)  # log p(y)  [N]
         nll = -(picked * real).sum()
         loss = nll.clone()  # its own tensor: nll alone is marked non-differentiable
         if epsilon:
@@ -54,8 +55,8 @@ class _LabelSmoothedNLL(torch.autograd.Function):
         grad = lprobs.exp_()  # p, over the saved log p: nothing else reads it
         if epsilon:
             grad.sub_(epsilon / vocab)
-        picked = target.masked_fill(~real, 0)[:, None]  # [N, 1]; ignored rows are zeroed below
-        grad.scatter_add_(1, picked, torch.full_like(picked, -(1.0 - epsilon), dtype=grad.dtype))
+        onehot = torch.full((target.size(0), 1), -(1.0 - epsilon), device=grad.device)
+        grad.scatter_add_(1, target[:, None], onehot)  # - (1 - ε) at each token's target
         grad.mul_((real * grad_loss)[:, None])  # ignored tokens: 0
         return grad.to(ctx.logits_dtype), None, None, None
 
