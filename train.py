@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformer import checkpoint as ckpt
 from transformer import distributed, finetune
 from transformer.cli import ConfigError, compose_config, main_with_user_errors, setup_logging
-from transformer.kernels import keep_freed_memory
+from transformer.kernels import keep_freed_memory, warn_if_emulated
 from transformer.loss import label_smoothed_nll
 from transformer.model import Transformer, TransformerConfig
 from transformer.schedule import make_optimizer, noam_lambda
@@ -360,6 +360,7 @@ def train(argv: list[str], stop: StopRequest) -> int:
         optimizer, noam_lambda(d_model=mcfg.d_model, warmup_steps=cfg.train.warmup_steps,
                                lr_scale=cfg.train.lr_scale))
     precision = cfg.train.precision
+    warn_if_emulated(precision, device.type)
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
                 if precision != "fp32" else contextlib.nullcontext())
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")

@@ -11,6 +11,7 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
+from transformer import kernels
 from transformer.search import Hypothesis, beam_search, greedy_search
 
 
@@ -69,6 +70,7 @@ def translate_ids(
     todo = [i for i, src in enumerate(sources) if len(src) > 0]
     lengths = [len(sources[i]) + 1 for i in todo]
     if precision == "bf16":
+        kernels.warn_if_emulated("bf16", torch.device(device).type)
         # As inference engines do: the weights themselves in bfloat16 (autocast would re-cast them at every
         # matmul and keep float32 activations: 5-17 % slower decoding on CPU). Search scores in float32.
         model = copy.deepcopy(model).to(torch.bfloat16)
