@@ -13,73 +13,45 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 from pathlib import Path
 
-import torch
-from omegaconf import ListConfig
+from omegaconf import DictConfig
 
 from transformer import checkpoint as ckpt
-from transformer.cli import ConfigError, compose_config, main_with_user_errors, setup_logging
+from transformer.checkpoint import TrainState
+from transformer.cli import ConfigError, compose_config, hydra_app, pick_device, setup_logging
+from transformer.config import EvaluateJob, to_job
 from transformer.kernels import keep_freed_memory
-from transformer.loss import label_smoothed_nll
 from transformer.scoring import append_table_row, load_testset, read_lines, sacrebleu_scores, training_flops
-from transformer.translation import length_sorted_batches, pad_rows
-
-from translate import check_decode_config, load_translator, pick_device, translate_texts
+from transformer.translation import Translator, corpus_nll
 
 log = logging.getLogger("evaluate")
 
 
-@torch.inference_mode()
-def perplexity(translator, sources: list[str], references: list[str], device, max_tokens: int) -> float:
-    """Per-piece perplexity of the references given the sources (the paper's Table 3 'PPL (dev)')."""
-    model = translator.model
-    config = model.config
-    src_ids = translator.vocab.encode(sources)
-    tgt_ids = translator.vocab.encode(references)
-    keep = [i for i in range(len(src_ids)) if src_ids[i] and tgt_ids[i]]
-    lengths = [max(len(src_ids[i]), len(tgt_ids[i])) + 1 for i in keep]
-    nll_sum, tokens = 0.0, 0
-    for batch in length_sorted_batches(lengths, max_tokens):
-        rows = [keep[j] for j in batch]
-        src = pad_rows(([*src_ids[i], config.eos_id] for i in rows), config.pad_id, device)
-        tgt_in = pad_rows(([config.bos_id, *tgt_ids[i]] for i in rows), config.pad_id, device)
-        tgt_out = pad_rows(([*tgt_ids[i], config.eos_id] for i in rows), config.pad_id, device)
-        if hasattr(model, "models"):  # an ensemble: score the first model only
-            logits = model.models[0](src, tgt_in)
-        else:
-            logits = model(src, tgt_in)
-        _, nll = label_smoothed_nll(logits, tgt_out, epsilon=0.0, ignore_index=config.pad_id)
-        nll_sum += float(nll)
-        tokens += int((tgt_out != config.pad_id).sum())
-    return math.exp(nll_sum / max(tokens, 1))
-
-
-def references_and_sources(cfg, translator) -> tuple[list[str] | None, list[str], str]:
+def references_and_sources(job: EvaluateJob, translator) -> tuple[list[str] | None, list[str], str]:
     """(sources or None, references, a name for the test set)."""
-    if cfg.testset and (cfg.src or cfg.ref):
+    if job.testset and (job.src or job.ref):
         raise ConfigError("give either testset=<sacreBLEU name> or src=/ref= files, not both")
-    if cfg.testset:
-        langpair = cfg.langpair
+    if job.testset:
+        langpair = job.langpair
         if langpair is None:
             if translator is None or not translator.src_lang:
                 raise ConfigError("testset= needs langpair=<src>-<tgt> (e.g. langpair=en-de) without a checkpoint")
             langpair = f"{translator.src_lang}-{translator.tgt_lang}"
         try:
-            sources, references = load_testset(cfg.testset, langpair)
+            sources, references = load_testset(job.testset, langpair)
         except ValueError as error:
             raise ConfigError(str(error)) from None
-        return sources, references, cfg.testset.replace("/", "_")
-    if not cfg.ref:
+        return sources, references, job.testset.replace("/", "_")
+    if not job.ref:
         raise ConfigError("nothing to score against: give testset=<sacreBLEU name> or ref=<file>")
-    references = read_file(cfg.ref, "ref")
-    sources = read_file(cfg.src, "src") if cfg.src else None
+    references = read_file(job.ref, "ref")
+    sources = read_file(job.src, "src") if job.src else None
     if sources is not None and len(sources) != len(references):
-        raise ConfigError(f"src={cfg.src} has {len(sources)} lines but ref={cfg.ref} has {len(references)}: "
+        raise ConfigError(f"src={job.src} has {len(sources)} lines but ref={job.ref} has {len(references)}: "
                           "give a source and reference of the same test set")
-    return sources, references, Path(cfg.ref).stem
+    return sources, references, Path(job.ref).stem
 
 
 def read_file(path: str, key: str) -> list[str]:
@@ -88,36 +60,32 @@ def read_file(path: str, key: str) -> list[str]:
     return read_lines(path)
 
 
-def main(argv: list[str]) -> int:
-    cfg = compose_config(argv, config_name="evaluate")
+def run(cfg: DictConfig) -> int:
+    job: EvaluateJob = to_job(cfg, "evaluate")
     setup_logging()
-    check_decode_config(cfg.decode)
-    if cfg.split not in ("auto", "dev", "test"):
-        raise ConfigError(f"split={cfg.split} is not one of auto, dev (a Table 3 row), test (a Table 2 row)")
-    device = pick_device(cfg.device)
-    if cfg.hyp is None and cfg.checkpoint is None:
+    device = pick_device(job.device)
+    if job.hyp is None and job.checkpoint is None:
         raise ConfigError("give checkpoint=<run_dir or .pt> to translate, or hyp=<file> to score a translation")
-    translator = load_translator(cfg.checkpoint, device) if cfg.checkpoint is not None else None
-    sources, references, set_name = references_and_sources(cfg, translator)
+    translator = Translator.load(job.checkpoint, device) if job.checkpoint is not None else None
+    sources, references, set_name = references_and_sources(job, translator)
 
     # 1. The hypotheses: given, or decoded now.
-    if cfg.hyp is not None:
-        hypotheses = read_file(cfg.hyp, "hyp")
+    if job.hyp is not None:
+        hypotheses = read_file(job.hyp, "hyp")
     else:
         if sources is None:
             raise ConfigError("decoding needs the source: give src=<file> with ref=<file>, or testset=<name>")
-        hypotheses = [row[0][0] for row in translate_texts(translator, sources, cfg.decode, device,
-                                                          source=set_name)]
+        hypotheses = [row[0][0] for row in translator.translate(sources, job.decode, progress=True, source=set_name)]
     if len(hypotheses) != len(references):
         raise ConfigError(f"the translation has {len(hypotheses)} lines but the reference has {len(references)}: "
                           "score a translation of this test set")
 
     # 2. Scores: sacreBLEU (BLEU, chrF) with signatures, and the paper's tokenized BLEU.
-    lang = cfg.lang or (translator.tgt_lang if translator else None)
-    if lang is None and cfg.ref:
-        lang = Path(cfg.ref).suffix.lstrip(".") or None
-    if lang is None and cfg.langpair:
-        lang = cfg.langpair.split("-")[1]
+    lang = job.lang or (translator.tgt_lang if translator else None)
+    if lang is None and job.ref:
+        lang = Path(job.ref).suffix.lstrip(".") or None
+    if lang is None and job.langpair:
+        lang = job.langpair.split("-")[1]
     if not lang:
         raise ConfigError("the target language is unknown: give lang=<code>, e.g. lang=de")
     try:
@@ -130,86 +98,86 @@ def main(argv: list[str]) -> int:
                "scores": {s.name: s.as_dict() for s in scores}}
 
     # 3. What the tables need of the model: perplexity, parameters, steps, time.
-    path = ckpt.resolve(str(cfg.checkpoint)) if isinstance(cfg.checkpoint, str) else None
-    state = training_record(translator.states[0], path) if translator else None
+    path = ckpt.resolve(str(job.checkpoint)) if isinstance(job.checkpoint, str) else None
+    record = training_record(translator.checkpoints[0], path) if translator else None
     if translator is not None and sources is not None:
-        results["ppl"] = perplexity(translator, sources, references, device, cfg.decode.max_tokens)
+        vocab = translator.vocab
+        results["ppl"] = corpus_nll(translator.model, vocab.encode(sources), vocab.encode(references),
+                                    max_tokens=job.decode.max_tokens, device=device)["ppl"]
         log.info("perplexity of the references: %.2f", results["ppl"])
-    if state is not None:
-        model_cfg = state["model_config"]
-        params = sum(t.numel() for t in state["model"].values())
-        results.update({"params": params, "step": state.get("step"),
-                        "train_seconds": state.get("train_seconds"), "model_config": model_cfg})
+    if record is not None:
+        results.update({"params": record["params"], "step": record.get("step"),
+                        "train_seconds": record.get("train_seconds"), "model_config": record["model_config"]})
 
     # 4. Files: hypotheses, scores.json, the table row.
     run_dir = ckpt.run_dir_of(path) if path is not None else None
-    out = Path(cfg.out) if cfg.out else (run_dir / "eval" / set_name if run_dir else None)
+    out = Path(job.out) if job.out else (run_dir / "eval" / set_name if run_dir else None)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "hyp.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
-        (out / "scores.json").write_text(json.dumps(results, indent=2) + "\n")
+        ckpt.atomic_write(out / "hyp.txt", "".join(h + "\n" for h in hypotheses))
+        ckpt.atomic_write(out / "scores.json", json.dumps(results, indent=2) + "\n")
         log.info("wrote %s and %s", out / "hyp.txt", out / "scores.json")
-    table = Path(cfg.table) if cfg.table else (run_dir / "eval" / "table.md" if run_dir else None)
+    table = Path(job.table) if job.table else (run_dir / "eval" / "table.md" if run_dir else None)
     if table is not None:
-        split = cfg.split
+        split = job.split
         if split == "auto":
             split = "dev" if re.search(r"2013|wmt13", set_name) else "test"
-        append_table_row(table, table_row(cfg, results, state, run_dir, lang, split), table="3" if split == "dev"
-                         else "2")
+        append_table_row(table, table_row(job, results, record, run_dir, lang, split),
+                         table="3" if split == "dev" else "2")
         log.info("appended a row to %s", table)
     return 0
 
 
-TRAINING_KEYS = ("train_seconds", "world_size", "device", "train_tokens")
-
-
-def training_record(state: dict, path: Path | None) -> dict:
-    """`state` with what training cost (TRAINING_KEYS), for Table 2's GPU-hours and FLOPs columns.
+def training_record(record: dict, path: Path | None) -> dict:
+    """A checkpoint's record (`Translator.checkpoints`) with what training cost (`TrainState`), for Table 2's
+    GPU-hours and FLOPs columns.
 
     An averaged checkpoint holds weights only; its cost is that of the training checkpoint of its newest
     step in the same run (the numbered one, or last.pt at that step), when the run still has it.
     """
-    if (state.get("kind") != "averaged" or not isinstance(state.get("step"), int) or path is None
+    if (record.get("kind") != "averaged" or not isinstance(record.get("step"), int) or path is None
             or ckpt.run_dir_of(path) is None):
-        return state
+        return record
     run_dir = ckpt.run_dir_of(path)
-    for candidate in (ckpt.numbered_path(run_dir, state["step"]), ckpt.last_path(run_dir)):
+    for candidate in (ckpt.numbered_path(run_dir, record["step"]), ckpt.last_path(run_dir)):
         if not candidate.is_file():
             continue
         try:
             trained = ckpt.load(candidate, mmap=True)
         except ckpt.CheckpointError:
             continue
-        if trained.get("step") == state.get("step"):
-            return {**state, **{key: trained[key] for key in TRAINING_KEYS if key in trained}}
+        if trained.get("step") == record.get("step"):
+            state = TrainState.read(trained)
+            return {**record, "train_seconds": state.train_seconds, "world_size": state.world_size,
+                    "device": state.device, "train_tokens": state.train_tokens}
     log.warning("no training checkpoint of update %s in %s: the table row has no training cost",
-                state.get("step"), run_dir)
-    return state
+                record.get("step"), run_dir)
+    return record
 
 
-def table_row(cfg, results: dict, state: dict | None, run_dir: Path | None, lang: str, split: str) -> dict:
+def table_row(job: EvaluateJob, results: dict, record: dict | None, run_dir: Path | None, lang: str,
+              split: str) -> dict:
     """One row for the paper's Table 2 (test) or Table 3 (dev)."""
     scores = results["scores"]
-    if cfg.name:
-        name = cfg.name
+    if job.name:
+        name = job.name
     elif run_dir is not None:
         name = run_dir.name
-    elif cfg.checkpoint is not None:  # a loose .pt file, or an ensemble of them
-        names = cfg.checkpoint if isinstance(cfg.checkpoint, (list, ListConfig)) else [cfg.checkpoint]
+    elif job.checkpoint is not None:  # a loose .pt file, or an ensemble of them
+        names = job.checkpoint if isinstance(job.checkpoint, list) else [job.checkpoint]
         name = " + ".join(Path(str(n)).stem for n in names)
     else:
-        name = Path(cfg.hyp).name
+        name = Path(job.hyp).name
     row = {"model": name, "lang": lang, "bleu": scores["BLEU"]["score"], "tokbleu": scores["tokBLEU"]["score"],
            "ppl": results.get("ppl")}
-    if state is not None:
-        m = state["model_config"]
-        train_cfg = (state.get("config") or {}).get("train", {})
-        hours = (state.get("train_seconds") or 0) / 3600 * state.get("world_size", 1)
+    if record is not None:
+        m = record["model_config"]
+        state = TrainState.read(record)
+        train_cfg = (record.get("config") or {}).get("train", {})
         row.update({
-            "steps": state.get("step"), "params": results["params"],
-            "gpu_hours": hours if state.get("device") == "cuda" else None,
-            "flops": training_flops(results["params"] - m["vocab_size"] * m["d_model"],
-                                    state.get("train_tokens") or 0) or None,
+            "steps": record.get("step"), "params": results["params"],
+            "gpu_hours": state.train_seconds / 3600 * state.world_size if state.device == "cuda" else None,
+            "flops": training_flops(results["params"] - m["vocab_size"] * m["d_model"], state.train_tokens) or None,
             "N": m["encoder_layers"], "d_model": m["d_model"], "d_ff": m["d_ff"], "h": m["heads"],
             "d_k": m["d_model"] // m["heads"], "d_v": m["d_model"] // m["heads"], "p_drop": m["dropout"],
             "eps_ls": train_cfg.get("label_smoothing"),
@@ -217,6 +185,11 @@ def table_row(cfg, results: dict, state: dict | None, run_dir: Path | None, lang
     return row
 
 
+def main(argv: list[str]) -> int:
+    """In-process entry (tests, notebooks): `main(["checkpoint=...", ...])`."""
+    return run(compose_config(argv, config_name="evaluate"))
+
+
 if __name__ == "__main__":
     keep_freed_memory()  # glibc malloc: reuse freed memory (transformer/kernels.py)
-    main_with_user_errors(main)()
+    hydra_app("evaluate", run)

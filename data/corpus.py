@@ -24,6 +24,7 @@ import datasets
 import numpy as np
 
 from data.errors import DataError
+from transformer.checkpoint import atomic_write
 from data.vocab import Vocab
 
 HUB_UNREACHABLE = "the hub cannot be reached; use data.dataset=<local dir> or experiment=quickstart"
@@ -111,10 +112,7 @@ class FileHashes:
             while chunk := f.read(1 << 24):
                 sha.update(chunk)
         self._known[str(file)] = [st.st_size, st.st_mtime_ns, sha.hexdigest()]
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(self._known, indent=0), encoding="utf-8")
-        os.replace(tmp, self.path)
+        atomic_write(self.path, json.dumps(self._known, indent=0), what="hash cache")
         return [st.st_size, sha.hexdigest()]
 
 

@@ -16,6 +16,7 @@ See docs/DATA.md for the keys and the cache layout.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -32,7 +33,9 @@ from filelock import FileLock
 from data import corpus
 from data.corpus import CleanReport
 from data.errors import DataError
+from transformer.checkpoint import atomic_write
 from data.vocab import Vocab, train_vocab
+from transformer.config import ConfigError, DataConfig
 
 SPLITS = ("train", "valid", "test")
 CACHE_FORMAT = 1
@@ -96,48 +99,26 @@ class DataSettings:
     cache_dir: str | None
 
     @classmethod
-    def from_config(cls, cfg: Mapping) -> DataSettings:
-        def key(name):
+    def from_config(cls, cfg: DataConfig | Mapping) -> DataSettings:
+        """From train.py's `DataConfig`, or a mapping of its keys (absent ones take DataConfig's defaults);
+        the range checks are DataConfig's."""
+        if not isinstance(cfg, DataConfig):
+            names = {f.name for f in dataclasses.fields(DataConfig)}
+            unknown = sorted(set(cfg) - names)
+            if unknown:
+                raise DataError(f"unknown config key data.{unknown[0]} (see docs/DATA.md)")
             try:
-                return cfg[name]
-            except KeyError:
-                raise DataError(f"missing config key data.{name} (see docs/DATA.md)") from None
-
-        settings = cls(
-            src_lang=key("src_lang"), tgt_lang=key("tgt_lang"),
-            vocab_size=key("vocab_size"), spm_model=key("spm_model"),
-            dataset=key("dataset"), subset=key("subset"),
-            prefixes={split: key(f"{split}_prefix") for split in SPLITS},
-            split_names={split: key(f"{split}_split") for split in SPLITS},
-            vocab_sample=key("vocab_sample"), max_len=key("max_len"), max_len_ratio=key("max_len_ratio"),
-            dedup=key("dedup"), num_workers=key("num_workers"), cache_dir=key("cache_dir"),
+                cfg = DataConfig(**cfg)
+            except ConfigError as error:
+                raise DataError(str(error)) from None
+        return cls(
+            src_lang=cfg.src_lang, tgt_lang=cfg.tgt_lang, vocab_size=cfg.vocab_size, spm_model=cfg.spm_model,
+            dataset=cfg.dataset, subset=cfg.subset,
+            prefixes={split: getattr(cfg, f"{split}_prefix") for split in SPLITS},
+            split_names={split: getattr(cfg, f"{split}_split") for split in SPLITS},
+            vocab_sample=cfg.vocab_sample, max_len=cfg.max_len, max_len_ratio=cfg.max_len_ratio,
+            dedup=cfg.dedup, num_workers=cfg.num_workers, cache_dir=cfg.cache_dir,
         )
-        settings._check()
-        return settings
-
-    def _check(self) -> None:
-        if self.dataset and self.prefixes["train"]:
-            raise DataError("both data.dataset and data.train_prefix are set: set one of them to null")
-        if not self.dataset and not self.prefixes["train"]:
-            raise DataError("neither data.dataset nor data.train_prefix is set: set one (the other stays null)")
-        if not self.src_lang or not self.tgt_lang or self.src_lang == self.tgt_lang:
-            raise DataError(f"data.src_lang and data.tgt_lang must be two different languages "
-                            f"(got {self.src_lang!r}, {self.tgt_lang!r})")
-        if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size < 300):
-            raise DataError(f"data.vocab_size must be an integer >= 300 (256 byte pieces + specials + characters) "
-                            f"or null, got {self.vocab_size!r}")
-        if not isinstance(self.dedup, bool):
-            raise DataError(f"data.dedup must be true or false, got {self.dedup!r}")
-        if self.max_len is not None and (not isinstance(self.max_len, int) or isinstance(self.max_len, bool)
-                                         or self.max_len < 1):
-            raise DataError(f"data.max_len must be an integer >= 1 or null, got {self.max_len!r}")
-        if self.max_len_ratio is not None and (not isinstance(self.max_len_ratio, (int, float))
-                                               or isinstance(self.max_len_ratio, bool) or self.max_len_ratio < 1):
-            raise DataError(f"data.max_len_ratio must be a number >= 1 or null, got {self.max_len_ratio!r}")
-        if not isinstance(self.num_workers, int) or self.num_workers < 1:
-            raise DataError(f"data.num_workers must be an integer >= 1, got {self.num_workers!r}")
-        if not isinstance(self.vocab_sample, int) or self.vocab_sample < 2:
-            raise DataError(f"data.vocab_sample must be an integer >= 2, got {self.vocab_sample!r}")
 
     def source(self, split: str) -> corpus.Source:
         if self.dataset:
@@ -272,9 +253,7 @@ def _encoded_split(settings: DataSettings, split: str, vocab: Vocab, *, cache_di
     files = [Path(f["filename"]).name for f in encoded.cache_files]
     meta = {"key": key, "files": files, "rows": len(encoded), "report": report.to_dict(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    tmp = entry / "meta.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=1), encoding="utf-8")
-    os.replace(tmp, meta_path)  # written last: an entry without meta.json is incomplete and is redone
+    atomic_write(meta_path, json.dumps(meta, indent=1), what="cache entry")  # written last: an entry without meta.json is incomplete and is redone
     log(f"data: {split}: encoded {len(encoded)} pairs in {time.monotonic() - start:.1f} s into {entry}")
     return _open(entry, files), report, entry
 

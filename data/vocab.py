@@ -21,6 +21,7 @@ import sentencepiece as spm
 from tqdm import tqdm
 
 from data.errors import DataError
+from transformer.checkpoint import atomic_write
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 _SPACE = "\u2581"  # SentencePiece's visible space, "▁"
@@ -90,7 +91,7 @@ class Vocab:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the model atomically (temporary file, fsync, rename)."""
-        _atomic_write(Path(path), self._proto)
+        atomic_write(path, self._proto, what="vocabulary")
 
 
 def train_vocab(
@@ -169,11 +170,3 @@ def _spm_message(e: BaseException) -> str:
     return line.rsplit("] ", 1)[-1].strip() or line
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from transformer import kernels  # noqa: E402
+from transformer.config import DecodeConfig  # noqa: E402
 from transformer.loss import label_smoothed_nll  # noqa: E402
 from transformer.model import Transformer, TransformerConfig  # noqa: E402
 from transformer.translation import translate_ids  # noqa: E402
@@ -52,8 +53,7 @@ def decode(precision: str) -> list[list[int]]:
     """Beam search with the weights in `precision`, as translate.py's decode.precision."""
     model = tiny_model().eval()
     sources = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
-    hyps = translate_ids(model, sources, beam=2, lenpen=0.6, lenpen_style="gnmt", max_len_a=0, max_len_b=5,
-                         precision=precision)
+    hyps = translate_ids(model, sources, DecodeConfig(beam=2, max_len_a=0, max_len_b=5, precision=precision))
     return [best[0].tokens for best in hyps]
 
 

@@ -66,7 +66,7 @@ class Setup:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory) -> Setup:
     """A parent trained for 80 updates; a new-domain corpus (another sample); a reversed-target corpus."""
-    from data.synthetic import write_corpus
+    from data.quickstart_corpus import write_corpus
 
     directory = tmp_path_factory.mktemp("finetune")
     corpus = Corpus(directory)

@@ -221,6 +221,22 @@ def test_output_projection_is_the_shared_embedding_matrix():
     assert len(vocab_by_width) == 1 and vocab_by_width[0] is model.embedding.weight
 
 
+def test_log_probs_are_the_log_softmax_of_the_logits_in_float32_with_or_without_autograd():
+    model = tiny_model()
+    src, tgt_in = batch()
+    logits = model(src, tgt_in)
+    expected = torch.log_softmax(logits.detach().double(), dim=-1)
+    log_probs = model.log_probs(logits)
+    assert (log_probs.double() - expected).abs().max() <= TOL
+    log_probs[..., 5].sum().backward()  # with autograd: differentiable, and the logits are left alone
+    assert model.embedding.weight.grad is not None and torch.equal(logits.detach(), model(src, tgt_in).detach())
+    with torch.no_grad():
+        for dtype in (torch.float32, torch.bfloat16):
+            log_probs = model.log_probs(model(src, tgt_in).to(dtype))
+            assert log_probs.dtype == torch.float32
+            assert (log_probs.double() - expected).abs().max() <= (TOL if dtype == torch.float32 else 0.1)
+
+
 # ----------------------------------------------------------------------------------------------------
 # §3.2 Attention
 
@@ -519,7 +535,11 @@ def test_post_norm_has_no_final_norm_and_pre_norm_has_one_per_stack():
     post, pre = tiny_model(norm_first=False), tiny_model(norm_first=True)
     assert post.encoder.final_norm is None and post.decoder.final_norm is None
     assert isinstance(pre.encoder.final_norm, nn.LayerNorm) and isinstance(pre.decoder.final_norm, nn.LayerNorm)
-    assert pre.num_parameters() - post.num_parameters() == 2 * 2 * 32
+    assert count_parameters(pre) - count_parameters(post) == 2 * 2 * 32
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
 
 
 def expected_parameters(c: TransformerConfig) -> int:
@@ -537,11 +557,11 @@ def test_parameter_counts_of_base_and_big(preset, paper_millions):
     config = preset(vocab_size=37000)
     with torch.device("meta"):  # no memory, no init time
         model = Transformer(config)
-    count = model.num_parameters()
+    count = count_parameters(model)
     print(f"{preset.__name__}: {count:,} parameters")
     assert count == expected_parameters(config)
     assert abs(count - paper_millions * 1e6) <= 0.05 * paper_millions * 1e6  # Table 3 rounds, counts biases
-    assert tiny_model().num_parameters() == expected_parameters(tiny_config())
+    assert count_parameters(tiny_model()) == expected_parameters(tiny_config())
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from transformer.search import Ensemble, beam_search, greedy_search, length_penalty
+from transformer.search import Ensemble, Seq2Seq, beam_search, greedy_search, length_penalty
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 A, B, C = 4, 5, 6
@@ -52,7 +52,7 @@ class ScriptedModel(nn.Module):
     """next(sentence, prefix) -> {token: probability}; the tokens it does not name share the rest equally.
 
     `sentence` is the first source token, `prefix` the tuple of generated tokens (no BOS). Logits are the
-    log-probabilities, so the model's log_softmax gives back the script's numbers.
+    log-probabilities, so the model's log_softmax (`log_probs`) gives back the script's numbers.
     """
 
     def __init__(self, next_probs, vocab_size: int = 8):
@@ -89,6 +89,9 @@ class ScriptedModel(nn.Module):
                          for pos in range(cache.prefix.size(1), full.size(1))])
             for row in range(full.size(0))])
         return logits, PrefixCache(cache.sentence, full, cache.beams)
+
+    def log_probs(self, logits):
+        return torch.log_softmax(logits.float(), dim=-1)
 
 
 def source(*rows):
@@ -391,7 +394,7 @@ def test_ensemble_of_one_model_equals_the_model():
         assert e.score == pytest.approx(a.score, abs=1e-5)
 
 
-def test_ensemble_of_two_models_averages_their_step_log_probabilities():
+def test_ensemble_averages_the_models_log_probabilities_step_by_step_and_teacher_forced():
     first, second = tiny_model(vocab_size=20, seed=8), tiny_model(vocab_size=20, seed=9)
     ensemble = Ensemble([first, second])
     src = random_source(20, [4, 2], seed=10)
@@ -404,7 +407,16 @@ def test_ensemble_of_two_models_averages_their_step_log_probabilities():
             log_probs, cache = ensemble.decode(tgt[:, t:t + 1], encoder_out, cache)
             steps.append(log_probs)
         expected = (torch.log_softmax(first(src, tgt), -1) + torch.log_softmax(second(src, tgt), -1)) / 2
+        teacher_forced = ensemble(src, tgt)
     torch.testing.assert_close(torch.cat(steps, dim=1), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(teacher_forced, expected, atol=1e-5, rtol=0)
+
+
+def test_transformer_ensemble_and_scripted_model_offer_what_search_reads():
+    model = tiny_model(vocab_size=20, seed=0)
+    for candidate in (model, Ensemble([model, tiny_model(vocab_size=20, seed=1)]), ScriptedModel(short_or_long)):
+        assert isinstance(candidate, Seq2Seq)
+    assert not isinstance(model.encoder, Seq2Seq)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

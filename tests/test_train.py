@@ -1,8 +1,8 @@
 """train.py end to end: the learning rate it uses, how it deals batches to ranks, resume, checkpoints,
 non-finite updates and stop signals.
 
-Every run trains a 1+1-layer, d_model=16 model on a few hundred generated pairs (data/synthetic.py) that
-share one vocabulary and one encoded-data cache (the `corpus` fixture), in-process through
+Every run trains a 1+1-layer, d_model=16 model on a few hundred generated pairs (data/quickstart_corpus.py)
+that share one vocabulary and one encoded-data cache (the `corpus` fixture), in-process through
 `train.main(overrides)` unless the property needs another process. Weights are compared only between
 runs at the same thread count (one: torchrun gives each rank one thread, and on a shared 2-core machine
 one thread is also the fastest).
@@ -71,7 +71,7 @@ class Corpus:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Corpus:
     """300 generated training pairs, 16 validation pairs, a 400-piece vocabulary and the encoded cache."""
-    from data.synthetic import write_corpus
+    from data.quickstart_corpus import write_corpus
 
     c = Corpus(tmp_path_factory.mktemp("train_corpus"))
     write_corpus(c.directory / "corpus", train=300, valid=16, test=0, seed=1)

@@ -1,6 +1,6 @@
 """Checkpoints: atomic writes, safe loads, averaging, and the file layout of a run directory.
 
-A checkpoint is a plain dict (see docs/DESIGN.md) of tensors, numbers, strings, None, bools and nested
+A checkpoint is a plain dict of tensors, numbers, strings, None, bools and nested
 dicts/lists/tuples of them, so it loads with `torch.load(weights_only=True)`: loading never runs pickled
 code. Layout of `run_dir/checkpoints/`:
 
@@ -9,11 +9,17 @@ code. Layout of `run_dir/checkpoints/`:
     averaged.pt        the mean of the last train.average_last numbered checkpoints (weights only)
     best.pt            the best by train.best_metric
 
+What a training checkpoint holds is defined once, here: `TrainState` (the loop's counters) and
+`training_checkpoint` (the weights, vocabulary, config and optimizer/scheduler/scaler/data states beside it);
+train.py saves and resumes with them, evaluate.py reads `TrainState` for the cost columns of Table 2.
+
 Command line (averages model weights; one-line errors, exit status 2):
 
     python -m transformer.checkpoint average OUT.pt IN1.pt IN2.pt ...
     python -m transformer.checkpoint average OUT.pt --last 5 --run-dir runs/base-wmt14_en_de
 """
+
+from __future__ import annotations
 
 import argparse
 import errno
@@ -26,8 +32,9 @@ import shutil
 import signal
 import sys
 import warnings
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -67,11 +74,65 @@ def crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+# ------------------------------------------------------------------------------- what a checkpoint holds
+
+
+@dataclass(kw_only=True)
+class TrainState:
+    """The training loop's state beside the weights and optimizer: what resume needs to continue exactly,
+    and what the run cost (Table 2's GPU-hours and FLOPs). Stored as top-level keys of the checkpoint."""
+
+    step: int = 0  # updates done
+    best: float | None = None  # the best validation value of train.best_metric so far
+    stale: int = 0  # validations since the best one (train.patience)
+    train_seconds: float = 0.0  # training time, validation and saving excluded (train.max_time)
+    train_tokens: int = 0  # target tokens trained on, all ranks together
+    nonfinite: int = 0  # updates in a row skipped for a non-finite gradient norm (train.max_nonfinite)
+    world_size: int = 1  # of the run that wrote the checkpoint ...
+    update_freq: int = 1  # ... and its forward passes per update
+    device: str = "cpu"  # cpu | cuda
+
+    @classmethod
+    def read(cls, checkpoint: dict) -> TrainState:
+        """The state stored in a loaded checkpoint; keys it lacks (older or averaged ones) keep their defaults."""
+        return cls(**{f.name: checkpoint[f.name] for f in fields(cls) if checkpoint.get(f.name) is not None})
+
+
+def training_checkpoint(*, state: TrainState, model: torch.nn.Module, model_config: dict, spm_model: bytes,
+                        config: dict, optimizer, scheduler, scaler, data_state: dict, kind: str = "train") -> dict:
+    """The dict of a training checkpoint (`kind` "train", or "diagnostic" for the one written before a
+    non-finite stop): everything `load_training` gives back to resume."""
+    return {
+        "format_version": FORMAT_VERSION, "kind": kind, **asdict(state),
+        "model_config": model_config, "model": model.state_dict(), "spm_model": spm_tensor(spm_model),
+        "config": config, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(), "data_state": data_state,
+    }
+
+
+def load_training(checkpoint: dict, path, *, model: torch.nn.Module, optimizer, scheduler, scaler,
+                  stream) -> TrainState:
+    """Restore what `training_checkpoint` saved into the live objects; returns the loop's state."""
+    load_model_state(model, checkpoint["model"], path, fix="use another run_dir, or delete that file")
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    scheduler.load_state_dict(checkpoint["scheduler"])
+    scaler.load_state_dict(checkpoint["scaler"])
+    stream.load_state_dict(checkpoint["data_state"])
+    return TrainState.read(checkpoint)
+
+
 # ---------------------------------------------------------------------------------------------- writing
 
 
 def save(obj: dict, path: str | os.PathLike) -> None:
-    """Write `obj` to `path` atomically: a temporary file in the same directory, fsync, rename, fsync dir.
+    """Write the checkpoint `obj` to `path` atomically (see `atomic_write`)."""
+    atomic_write(path, lambda f: torch.save(obj, f), what="checkpoint")
+
+
+def atomic_write(path: str | os.PathLike, data: str | bytes | Callable[[Any], None], *, what: str = "file") -> None:
+    """Write `data` (text as UTF-8, bytes, or a function writing to a binary file) to `path` atomically: a
+    temporary file in the same directory, fsync, rename, fsync of the directory. The one way this project
+    writes a file that must never be seen half-written (checkpoints, vocabularies, caches, scores).
 
     A crash or a failed write (disk full, unwritable directory) never leaves a partial file under `path`,
     and whatever was at `path` before stays intact. I/O failures raise CheckpointError.
@@ -81,7 +142,10 @@ def save(obj: dict, path: str | os.PathLike) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            if callable(data):
+                data(f)
+            else:
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
             crash_point("before-fsync")
             os.fsync(f.fileno())
@@ -96,8 +160,8 @@ def save(obj: dict, path: str | os.PathLike) -> None:
             raise  # not an I/O failure (e.g. an object torch cannot serialise): a bug, keep the traceback
         reason = os_error.strerror or str(os_error)
         raise CheckpointError(
-            f"could not write checkpoint {path}: {reason}; {_fix_for(os_error)} or choose another run_dir "
-            "(earlier checkpoints are intact)"
+            f"could not write {what} {path}: {reason}; {_fix_for(os_error)} or choose another run_dir "
+            f"(earlier {what}s are intact)"
         ) from e
 
 

@@ -1,8 +1,10 @@
 """What the three entry points share: composing the Hydra config, logging to stderr, one-line user errors.
 
-We compose with Hydra's compose API instead of `@hydra.main`, so that no `outputs/DATE/TIME` folders
-are created, the run directory is ours (`run_dir`), and a bad override prints one line, not Hydra's
-multi-line report.
+`hydra_app(config_name, run)` is each entry point's `__main__`. A plain run (`python train.py key=value`)
+composes its config with Hydra's compose API, so that a bad override prints one line, not Hydra's multi-line
+report; with one of Hydra's own flags (`--help`, `--cfg job`, `-m`/`--multirun`, ...) it is a real
+`@hydra.main` app. Either way no `outputs/`, `multirun/` or `.hydra/` folders appear (configs/app.yaml) and
+the run directory is ours (`run_dir`).
 """
 
 from __future__ import annotations
@@ -14,18 +16,20 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+import hydra
 from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
+
+from transformer import config as schema
+from transformer.config import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 log = logging.getLogger("transformer")
-
-
-class ConfigError(Exception):
-    """A configuration the user must change; the message is one line that says how."""
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -42,6 +46,7 @@ def compose_config(overrides: Sequence[str], *, config_name: str = "config") -> 
 
     `cfg.choices` records the group options chosen (model, data, experiment, ...), for naming runs.
     """
+    schema.register()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         cfg = compose(config_name, overrides=list(overrides), return_hydra_config=True)
         # Hydra's `+key=value` adds a key; every key we read is already in the config, so an added one is a
@@ -54,12 +59,12 @@ def compose_config(overrides: Sequence[str], *, config_name: str = "config") -> 
                 absent = object()
                 if OmegaConf.select(base, key, default=absent) is absent:
                     raise ConfigError(f"unknown config key '{key}' ({override}): every key is in "
-                                      f"configs/{config_name}.yaml; check the spelling")
+                                      f"transformer/config.py ({schema.JOBS[config_name].__name__}); check the "
+                                      "spelling")
     choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra/")}
-    OmegaConf.set_struct(cfg, False)
-    del cfg["hydra"]
-    cfg.choices = choices
-    OmegaConf.set_struct(cfg, True)
+    with open_dict(cfg):
+        del cfg["hydra"]
+        cfg.choices = choices
     return cfg
 
 
@@ -75,13 +80,17 @@ def setup_logging(*, quiet: bool = False) -> None:
 
 
 def one_line(error: BaseException) -> str:
-    """The first meaningful line of an error message (Hydra's are multi-line)."""
+    """The first meaningful line of an error message (Hydra's are multi-line), with the cause of Hydra's
+    "Error merging override" (a value of the wrong type: OmegaConf names the key and the type)."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     if not lines:
         return type(error).__name__
     text = lines[0]
+    cause = error.__cause__
+    if text.startswith("Error merging override ") and cause is not None and str(cause).strip():
+        text = f"{text.removeprefix('Error merging override ')} is invalid: {str(cause).strip().splitlines()[0]}"
     if "Could not override" in text or "Key '" in text and "not in struct" in text:
-        text += " (check the key's spelling; see configs/config.yaml for every key)"
+        text += " (check the key's spelling; transformer/config.py lists every key)"
     if "Could not find" in text:
         options = [line for line in lines[1:] if not line.startswith(("Config search path", "provider="))]
         if options:
@@ -94,9 +103,16 @@ def main_with_user_errors(main: Callable[[list[str]], int | None]) -> Callable[[
 
     @functools.wraps(main)
     def wrapper() -> None:
-        try:
-            status = main(sys.argv[1:])
-        except user_errors() as error:
+        sys.exit(_with_user_errors(main, sys.argv[1:]) or 0)
+
+    return wrapper
+
+
+def _with_user_errors(main: Callable, *args) -> int | None:
+    """`main(*args)`; a user error prints `error: <one line>` on stderr and exits with status 2."""
+    try:
+        return main(*args)
+    except user_errors() as error:
             print(f"error: {one_line(error)}", file=sys.stderr)
             from transformer.distributed import PeerFailure
 
@@ -105,6 +121,52 @@ def main_with_user_errors(main: Callable[[list[str]], int | None]) -> Callable[[
                 sys.stderr.flush()
                 os._exit(2)
             sys.exit(2)
-        sys.exit(status or 0)
 
-    return wrapper
+
+# Hydra's own command-line flags: with one of them the entry point is handed to `@hydra.main`.
+HYDRA_FLAGS = ("-h", "--help", "--hydra-help", "-c", "--cfg", "-m", "--multirun", "-i", "--info", "-p", "--package",
+               "--resolve", "-sc", "--shell-completion", "--version")
+
+
+def hydra_app(config_name: str, run: Callable[[DictConfig], int]) -> None:
+    """Run an entry point from the command line: `run(cfg)` with the composed `configs/<config_name>.yaml`.
+
+    Multirun (`-m key=a,b`): Hydra's basic launcher calls `run` once per combination, one after another;
+    `cfg.job_num` is the job's number (None outside multirun), for the job's own run directory.
+    """
+    argv = sys.argv[1:]
+    if not any(arg.split("=", 1)[0] in HYDRA_FLAGS for arg in argv):
+        sys.exit(_with_user_errors(lambda: run(compose_config(argv, config_name=config_name))) or 0)
+    schema.register()
+
+    @hydra.main(config_path=str(CONFIG_DIR), config_name=config_name, version_base=None)
+    def task(cfg: DictConfig) -> int:
+        hydra_cfg = HydraConfig.get()
+        with open_dict(cfg):
+            cfg.choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra/")}
+            cfg.job_num = hydra_cfg.job.num if hydra_cfg.mode == RunMode.MULTIRUN else None
+        status = _with_user_errors(run, cfg)
+        if status:
+            sys.exit(status)
+        return 0
+
+    task()
+
+
+def pick_device(name: str, local_rank: int = 0):
+    """`device=auto | cpu | cuda | cuda:N` as a torch.device; a CUDA device is also made current, with TF32
+    matmuls (training and decoding on Ampere and later). Under torchrun, `cuda` is the rank's local GPU."""
+    import torch
+
+    kind = ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else str(name)
+    if kind.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device={name} but no CUDA device is visible: use device=cpu or device=auto")
+        device = torch.device(kind) if ":" in kind else torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        return device
+    if kind != "cpu":
+        raise ConfigError(f"device={name} is not one of auto, cpu, cuda, cuda:N")
+    return torch.device("cpu")

@@ -1,8 +1,8 @@
 """Fine-tuning: start from a trained model's weights, reconcile two vocabularies, freeze parts of the model.
 
-train.py wires these in when `init_from` is set (docs/FINETUNING.md):
+train.py wires these in when `init_from` is set (docs/FINETUNING.md; the settings are checked with the
+rest of the config, in transformer/config.py):
 
-    check_config(vocab_mode=cfg.data.vocab, init_from=cfg.init_from, freeze=..., train_top_layers=..., ...)
     transfer = load_pretrained(model, init["model"], source="init_from=...",
                                old_pieces=..., new_pieces=...)      # pieces only with data.vocab=transfer
     frozen = freeze(model, parts=cfg.train.freeze, train_top_layers=cfg.train.train_top_layers)
@@ -31,50 +31,12 @@ import torch
 from torch import Tensor, nn
 
 from transformer.checkpoint import CheckpointError
-from transformer.cli import ConfigError
+from transformer.config import ConfigError
 from transformer.model import Transformer
 
-VOCAB_MODES = ("keep", "transfer")
-FREEZABLE = ("encoder", "decoder", "embeddings")
 EMBEDDING = "embedding.weight"  # the shared source/target/output matrix [V, D]
 
 log = logging.getLogger(__name__)
-
-
-# ---------------------------------------------------------------------------------------------- config
-
-
-def freeze_parts(value) -> list[str]:
-    """`train.freeze` as a list: null or [] (nothing), a list of parts, or one part as a string."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    return [str(part) for part in value]
-
-
-def check_config(*, vocab_mode: str, init_from: str | None, freeze: Sequence[str] | str | None,
-                 train_top_layers: int | None, encoder_layers: int, decoder_layers: int) -> None:
-    """Reject fine-tuning settings that cannot work, before any data is read (one-line ConfigError)."""
-    if vocab_mode not in VOCAB_MODES:
-        raise ConfigError(f"data.vocab={vocab_mode} is not one of {', '.join(VOCAB_MODES)} "
-                          "(keep: the init_from checkpoint's vocabulary; transfer: a new one, see docs/FINETUNING.md)")
-    if vocab_mode == "transfer" and not init_from:
-        raise ConfigError("data.vocab=transfer needs init_from=<checkpoint or run_dir>: the model whose "
-                          "embeddings are carried over")
-    unknown = [part for part in freeze_parts(freeze) if part not in FREEZABLE]
-    if unknown:
-        raise ConfigError(f"train.freeze names {', '.join(map(repr, unknown))}: the parts that can be frozen are "
-                          f"{', '.join(FREEZABLE)} (e.g. train.freeze=[encoder,embeddings])")
-    if train_top_layers is not None:
-        deepest = max(encoder_layers, decoder_layers)
-        if isinstance(train_top_layers, bool) or not isinstance(train_top_layers, int) \
-                or not 0 <= train_top_layers <= deepest:
-            raise ConfigError(f"train.train_top_layers={train_top_layers} must be null (train every layer) or an "
-                              f"integer from 0 to {deepest} (the model has {encoder_layers} encoder and "
-                              f"{decoder_layers} decoder layers)")
-    if not init_from and (freeze_parts(freeze) or train_top_layers is not None):
-        log.warning("freezing without init_from: the frozen weights stay at their random initialisation")
 
 
 # ------------------------------------------------------------------------------------ loading weights
@@ -165,8 +127,8 @@ def _names(items: list[str], limit: int = 4) -> str:
 # ---------------------------------------------------------------------------------------------- freezing
 
 
-def freeze(model: Transformer, *, parts: Sequence[str] | str | None, train_top_layers: int | None) -> list[str]:
-    """Set requires_grad=False on the parameters of `parts` (a subset of FREEZABLE) and, with
+def freeze(model: Transformer, *, parts: Sequence[str], train_top_layers: int | None) -> list[str]:
+    """Set requires_grad=False on the parameters of `parts` (a subset of config.FREEZABLE) and, with
     `train_top_layers=k`, on every layer of each stack below its top k. Returns the frozen names.
 
     `encoder` / `decoder`: the stack's layers (and the final LayerNorm of a pre-norm stack), not the
@@ -174,7 +136,7 @@ def freeze(model: Transformer, *, parts: Sequence[str] | str | None, train_top_l
     projection. `train_top_layers` leaves a pre-norm stack's final LayerNorm (the top) trainable.
     """
     modules: list[nn.Module] = []
-    for part in freeze_parts(parts):
+    for part in parts:
         modules.append({"encoder": model.encoder, "decoder": model.decoder, "embeddings": model.embedding}[part])
     if train_top_layers is not None:
         for stack in (model.encoder, model.decoder):

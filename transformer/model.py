@@ -1,9 +1,12 @@
-"""The Transformer of "Attention Is All You Need" (Vaswani et al. 2017), §3, in paper order.
+"""The Transformer of "Attention Is All You Need" (Vaswani et al. 2017), §3, section by section.
 
-Sections: the config; embeddings and positions (§3.4-3.5); attention (§3.2); feed-forward (§3.3);
-encoder and decoder layers (§3.1); the model with its public `encode` / `init_cache` / `decode`.
-Every linear map is `Linear`, i.e. `nn.Linear`, and attention is `F.scaled_dot_product_attention`'s maths
-(transformer/kernels.py only routes CPU work to faster kernels; the maths is unchanged).
+After the config, the sections follow the paper's: the model of Figure 1 (§3), which also holds §3.4 (its
+one embedding matrix serves source, target and the pre-softmax projection); §3.1 encoder and decoder
+stacks; §3.2 attention; §3.3 feed-forward; §3.5 positional encoding. Last comes what only incremental
+decoding (search) uses: the decoder cache.
+Every linear map is `Linear` (an `nn.Linear`) or `linear` (`F.linear`), and attention is
+`F.scaled_dot_product_attention`'s maths: transformer/kernels.py only routes CPU work to faster kernels
+(same maths, up to the rounding of sums).
 
 Axis letters used in shape comments:
     B  batch (sentences, or sentences x beams during search)
@@ -27,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer.config import MODEL_PRESETS, ModelConfig
 from transformer.kernels import Linear, linear, scaled_dot_product_attention
 
 
@@ -35,38 +39,20 @@ from transformer.kernels import Linear, linear, scaled_dot_product_attention
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TransformerConfig:
-    """The architecture. `dataclasses.asdict(config)` is what checkpoints store."""
+class TransformerConfig(ModelConfig):
+    """The architecture (`model.*`, transformer/config.py's ModelConfig, whose checks it runs) with its
+    vocabulary: size and special ids. `dataclasses.asdict(config)` is what checkpoints store."""
 
     vocab_size: int
-    d_model: int = 512
-    heads: int = 8
-    d_ff: int = 2048
-    encoder_layers: int = 6
-    decoder_layers: int = 6
-    dropout: float = 0.1
-    norm_first: bool = False  # False: the paper's post-norm. True: pre-norm, a later variant.
     pad_id: int = 0
     unk_id: int = 1
     bos_id: int = 2
     eos_id: int = 3
 
     def __post_init__(self) -> None:
-        for name in ("d_model", "heads", "d_ff", "encoder_layers", "decoder_layers"):
-            value = getattr(self, name)
-            if not _is_int(value) or value < 1:
-                raise ValueError(f"model.{name}={value!r} is invalid: set it to a positive integer")
+        super().__post_init__()
         if not _is_int(self.vocab_size) or self.vocab_size < 1:
             raise ValueError(f"vocab_size={self.vocab_size!r} is invalid: set data.vocab_size to a positive integer")
-        if self.d_model % self.heads != 0:
-            raise ValueError(
-                f"model.d_model={self.d_model} is not divisible by model.heads={self.heads}: "
-                "choose d_model a multiple of heads"
-            )
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
-            raise ValueError(f"model.dropout={self.dropout!r} is invalid: choose a probability in [0, 1)")
-        if not isinstance(self.norm_first, bool):
-            raise ValueError(f"model.norm_first={self.norm_first!r} is invalid: set it to true or false")
         special = {"pad_id": self.pad_id, "unk_id": self.unk_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
         for name, value in special.items():
             if not _is_int(value) or not 0 <= value < self.vocab_size:
@@ -80,15 +66,13 @@ class TransformerConfig:
 
     @classmethod
     def base(cls, vocab_size: int = 37000, **overrides) -> TransformerConfig:
-        """Table 3, "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1."""
-        shape = dict(d_model=512, heads=8, d_ff=2048, encoder_layers=6, decoder_layers=6, dropout=0.1)
-        return cls(vocab_size=vocab_size, **{**shape, **overrides})
+        """Table 3, "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1 (config.MODEL_PRESETS["base"])."""
+        return cls(vocab_size=vocab_size, **{**dataclasses.asdict(MODEL_PRESETS["base"]), **overrides})
 
     @classmethod
     def big(cls, vocab_size: int = 37000, **overrides) -> TransformerConfig:
-        """Table 3, "big": N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3."""
-        shape = dict(d_model=1024, heads=16, d_ff=4096, encoder_layers=6, decoder_layers=6, dropout=0.3)
-        return cls(vocab_size=vocab_size, **{**shape, **overrides})
+        """Table 3, "big": N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3 (config.MODEL_PRESETS["big"])."""
+        return cls(vocab_size=vocab_size, **{**dataclasses.asdict(MODEL_PRESETS["big"]), **overrides})
 
 
 def _is_int(value: object) -> bool:
@@ -96,43 +80,202 @@ def _is_int(value: object) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------------
-# §3.4-3.5 Embeddings and positional encoding
+# §3 Model architecture (Figure 1), with §3.4 embeddings and softmax
 
 
-def sinusoids(length: int, d_model: int, *, start: int = 0, dtype: torch.dtype = torch.float32,
-              device: torch.device | str | None = None) -> Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)) (§3.5).
-
-    Rows are positions start .. start+length-1: [length, D]. An odd D ends with an unpaired sine.
-    Computed in float64 (angles reach thousands of radians), then cast to `dtype`.
-    """
-    pos = torch.arange(start, start + length, dtype=torch.float64, device=device)
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device=device)
-    angles = pos[:, None] / 10000.0 ** (two_i / d_model)  # [length, ceil(D/2)]
-    table = torch.empty(length, d_model, dtype=torch.float64, device=device)
-    table[:, 0::2] = torch.sin(angles)
-    table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
-    return table.to(dtype)
+class EncoderOut(NamedTuple):
+    out: Tensor  # [B, S, D]
+    src_mask: Tensor  # [B, S] bool, True = real token
 
 
-class SinusoidalPositions(nn.Module):
-    """§3.5 sinusoids for any position: a precomputed table, and on-demand rows beyond it.
+class Transformer(nn.Module):
+    """The encoder-decoder of Figure 1. Training, greedy and beam search all go through encode/decode."""
 
-    The table is a non-persistent buffer: it moves with `.to(device)` but is not in the state_dict (it
-    is a pure function of D). Positions past its end are computed per call instead of growing the
-    buffer, so the module never changes during a forward (identical on every DDP rank, no recompiles).
-    """
-
-    def __init__(self, d_model: int, table_length: int = 1024):
+    def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.d_model = d_model
-        self.register_buffer("table", sinusoids(table_length, d_model), persistent=False)
+        self.config = config
+        d = config.d_model
+        # §3.4: one matrix for source embeddings, target embeddings and the pre-softmax projection.
+        # N(0, D^-0.5) as tensor2tensor and fairseq: scaled by sqrt(D), embeddings start at unit size.
+        self.embedding = nn.Embedding(config.vocab_size, d, padding_idx=config.pad_id)
+        nn.init.normal_(self.embedding.weight, mean=0.0, std=d**-0.5)
+        with torch.no_grad():
+            self.embedding.weight[config.pad_id].zero_()
+        self.positions = SinusoidalPositions(d)
+        self.embed_dropout = nn.Dropout(config.dropout)
+        self.encoder = Encoder(config)
+        self.decoder = Decoder(config)
 
-    def forward(self, start: int, length: int) -> Tensor:
-        """Positions start .. start+length-1: [length, D]."""
-        if start + length <= self.table.shape[0]:
-            return self.table[start : start + length]
-        return sinusoids(length, self.d_model, start=start, dtype=self.table.dtype, device=self.table.device)
+    def embed(self, tokens: Tensor, start: int = 0) -> Tensor:
+        """tokens [B, T] at positions start.. -> Dropout(E[tokens] * sqrt(D) + PE) [B, T, D] (§3.4, §3.5, §5.4)."""
+        x = self.embedding(tokens) * math.sqrt(self.config.d_model)
+        x = x + self.positions(start, tokens.shape[1]).to(x.dtype)  # [B, T, D] + [T, D]
+        return self.embed_dropout(x)
+
+    def encode(self, src_tokens: Tensor) -> EncoderOut:
+        """src_tokens [B, S] int64 (pieces, EOS, then PAD) -> EncoderOut(out [B, S, D], src_mask [B, S])."""
+        src_mask = src_tokens != self.config.pad_id
+        if not torch.compiler.is_compiling():  # a data-dependent check: keep it out of compiled graphs
+            empty = ~src_mask.any(dim=1)
+            if empty.any():
+                row = int(empty.nonzero()[0, 0])
+                raise ValueError(
+                    f"source row {row} is all padding: every source needs at least one token "
+                    f"(sentences end with EOS={self.config.eos_id})"
+                )
+        return EncoderOut(out=self.encoder(self.embed(src_tokens), src_mask), src_mask=src_mask)
+
+    def init_cache(self, encoder_out: EncoderOut, beams: int = 1) -> DecoderCache:
+        """An empty decoder cache for these B sources, decoding `beams` rows per source (B * beams rows,
+        row b * beams + k is beam k of source b), with the cross-attention K/V of every layer.
+        `DecoderCache` is at the end of this file, with the rest of incremental decoding."""
+        return DecoderCache.empty(self.decoder, encoder_out, beams)
+
+    def decode(self, tgt_tokens: Tensor, encoder_out: EncoderOut,
+               cache: DecoderCache | None = None) -> tuple[Tensor, DecoderCache | None]:
+        """Target tokens -> (logits [B, T, V], cache).
+
+        Without a cache: the teacher-forced pass over the whole target [B, T] (BOS first), cache None.
+        With a cache: tgt_tokens [B*K, T] are the new positions only (usually T = 1) of the cache's rows, at
+        positions cache.length..; encoder_out is not read (the cache holds what is needed); returns the
+        new cache.
+        """
+        if cache is None:
+            x, _ = self.decoder(self.embed(tgt_tokens), memory=encoder_out.out, src_mask=encoder_out.src_mask)
+        else:
+            x, self_kv = self.decoder(self.embed(tgt_tokens, start=cache.length), src_mask=cache.src_mask,
+                                      cache=cache)
+            cache = dataclasses.replace(cache, self_k=[kv.k for kv in self_kv], self_v=[kv.v for kv in self_kv],
+                                        rows=None)
+        logits = linear(x, self.embedding.weight)  # x E^T: [B, T, D] @ [D, V] -> [B, T, V], no bias
+        return logits, cache
+
+    def forward(self, src_tokens: Tensor, tgt_tokens: Tensor) -> Tensor:
+        """src [B, S], decoder input [B, T] (BOS first) -> logits [B, T, V]."""
+        return self.decode(tgt_tokens, self.encode(src_tokens))[0]
+
+    def log_probs(self, logits: Tensor) -> Tensor:
+        """logits [.., V] from `decode` -> log softmax(logits) over the vocabulary [.., V] float32 (§3.4's softmax).
+
+        float32 logits that need no gradient are overwritten: `decode` returns a fresh tensor each call, and
+        writing into it spares search a new [rows, V] tensor every step (on CPU about a third of the time).
+        """
+        x = logits.float()
+        if x.requires_grad:  # out= is not differentiable
+            return F.log_softmax(x, dim=-1)
+        return torch.log_softmax(x, dim=-1, out=x)
+
+
+# ----------------------------------------------------------------------------------------------------
+# §3.1 Encoder and decoder stacks
+
+
+class Encoder(nn.Module):
+    """N encoder layers; pre-norm adds a final LayerNorm (post-norm's last sublayer already ends with one)."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.encoder_layers))
+        self.final_norm = nn.LayerNorm(config.d_model) if config.norm_first else None
+
+    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
+        for layer in self.layers:
+            x = layer(x, src_mask)
+        return x if self.final_norm is None else self.final_norm(x)
+
+
+class ResidualLayer(nn.Module):
+    """Wraps each sublayer in a residual connection, layer normalization and dropout (§3.1, §5.4).
+
+    The paper's post-norm: LayerNorm(x + Dropout(Sublayer(x))). With `norm_first`, the pre-norm of later
+    work (Wang et al. 2019; the tensor2tensor v1.x defaults): x + Dropout(Sublayer(LayerNorm(x))), and
+    the stack ends with a final LayerNorm. A sublayer reads `sublayer_input(x)`; `add_norm` joins its
+    output y back into x.
+    """
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.norm_first = config.norm_first
+        self.dropout = nn.Dropout(config.dropout)
+
+    def sublayer_input(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
+        return norm(x) if self.norm_first else x
+
+    def add_norm(self, x: Tensor, y: Tensor, norm: nn.LayerNorm) -> Tensor:
+        return x + self.dropout(y) if self.norm_first else norm(x + self.dropout(y))
+
+
+class EncoderLayer(ResidualLayer):
+    """Self-attention, then feed-forward."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__(config)
+        d = config.d_model
+        self.self_attn = SelfAttention(d_model=d, heads=config.heads)
+        self.self_attn_norm = nn.LayerNorm(d)
+        self.ffn = FeedForward(d_model=d, d_ff=config.d_ff)
+        self.ffn_norm = nn.LayerNorm(d)
+
+    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
+        """x: [B, S, D], src_mask: [B, S] (True = real token) -> [B, S, D]."""
+        y, _ = self.self_attn(self.sublayer_input(x, self.self_attn_norm), key_mask=src_mask)
+        x = self.add_norm(x, y, self.self_attn_norm)
+        y = self.ffn(self.sublayer_input(x, self.ffn_norm))
+        return self.add_norm(x, y, self.ffn_norm)
+
+
+class Decoder(nn.Module):
+    """N decoder layers; pre-norm adds a final LayerNorm."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.decoder_layers))
+        self.final_norm = nn.LayerNorm(config.d_model) if config.norm_first else None
+
+    def forward(self, x: Tensor, *, memory: Tensor | None = None, src_mask: Tensor,
+                cache: DecoderCache | None = None) -> tuple[Tensor, list[PastKV | None]]:
+        """x: [B, T, D] -> (x [B, T, D], with a cache: per layer the self-attention K/V of all positions).
+
+        Without a cache: the whole target; cross-attention K/V are projected from memory [B, S, D].
+        With a cache: x holds the positions after cache.length; cross K/V and past K/V come from it.
+        """
+        self_kv = []
+        for i, layer in enumerate(self.layers):
+            if cache is None:
+                x, kv = layer(x, memory_kv=layer.cross_attn.memory_kv(memory), src_mask=src_mask)
+            else:
+                x, kv = layer(x, memory_kv=(cache.cross_k[i], cache.cross_v[i]), src_mask=src_mask,
+                              past=PastKV(cache.self_k[i], cache.self_v[i], cache.rows))
+            self_kv.append(kv)
+        return (x if self.final_norm is None else self.final_norm(x)), self_kv
+
+
+class DecoderLayer(ResidualLayer):
+    """Causal self-attention, encoder-decoder attention, feed-forward."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__(config)
+        d = config.d_model
+        self.self_attn = SelfAttention(d_model=d, heads=config.heads)
+        self.self_attn_norm = nn.LayerNorm(d)
+        self.cross_attn = CrossAttention(d_model=d, heads=config.heads)
+        self.cross_attn_norm = nn.LayerNorm(d)
+        self.ffn = FeedForward(d_model=d, d_ff=config.d_ff)
+        self.ffn_norm = nn.LayerNorm(d)
+
+    def forward(self, x: Tensor, *, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor,
+                past: PastKV | None = None) -> tuple[Tensor, PastKV | None]:
+        """x: [B, T, D], the positions after those of `past` -> (x [B, T, D], with `past`: self-attention K/V).
+
+        Self-attention needs no key mask: targets are right-padded, so what a real position may see
+        (itself and earlier positions) holds no padding.
+        """
+        y, kv = self.self_attn(self.sublayer_input(x, self.self_attn_norm), causal=True, past=past)
+        x = self.add_norm(x, y, self.self_attn_norm)
+        y = self.cross_attn(self.sublayer_input(x, self.cross_attn_norm), memory_kv, src_mask)
+        x = self.add_norm(x, y, self.cross_attn_norm)
+        y = self.ffn(self.sublayer_input(x, self.ffn_norm))
+        return self.add_norm(x, y, self.ffn_norm), kv
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -174,34 +317,6 @@ def merge_heads(x: Tensor) -> Tensor:
     """[B, H, T, Dh] -> [B, T, D]: Concat(head_1, ..., head_h)."""
     b, h, t, dh = x.shape
     return x.transpose(1, 2).reshape(b, t, h * dh)  # [B, T, H, Dh] -> [B, T, D]
-
-
-class PastKV(NamedTuple):
-    """Self-attention keys and values of the positions decoded so far, time-major: [L, B', H, Dh] each.
-
-    rows [B] (or None: all B' = B rows in order) says which of them each of the B rows continues: beam
-    search's reorder, applied while the next position is appended (one copy of the past, not two).
-    """
-
-    k: Tensor
-    v: Tensor
-    rows: Tensor | None = None
-
-
-def append_positions(past: Tensor, rows: Tensor | None, new: Tensor) -> Tensor:
-    """past [L, B', H, Dh] (rows [B] of it, or all), then new [T, B, H, Dh] -> a new [L + T, B, H, Dh].
-
-    Without autograd the rows are gathered straight into the result, which time-major order keeps
-    contiguous; with autograd (out= is not differentiable) they are gathered, then concatenated.
-    """
-    if rows is None:
-        return torch.cat([past, new])
-    if torch.is_grad_enabled():
-        return torch.cat([past.index_select(1, rows), new])
-    out = new.new_empty(past.shape[0] + new.shape[0], *new.shape[1:])
-    torch.index_select(past, 1, rows, out=out[: past.shape[0]])
-    out[past.shape[0] :] = new
-    return out
 
 
 class SelfAttention(nn.Module):
@@ -297,124 +412,75 @@ class FeedForward(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------
-# §3.1 Encoder and decoder stacks
+# §3.5 Positional encoding
 
 
-class ResidualLayer(nn.Module):
-    """Wraps each sublayer in a residual connection, layer normalization and dropout (§3.1, §5.4).
+def sinusoids(length: int, d_model: int, *, start: int = 0, dtype: torch.dtype = torch.float32,
+              device: torch.device | str | None = None) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)) (§3.5).
 
-    The paper's post-norm: LayerNorm(x + Dropout(Sublayer(x))). With `norm_first`, the pre-norm of later
-    work (Wang et al. 2019; the tensor2tensor v1.x defaults): x + Dropout(Sublayer(LayerNorm(x))), and
-    the stack ends with a final LayerNorm. A sublayer reads `sublayer_input(x)`; `add_norm` joins its
-    output y back into x.
+    Rows are positions start .. start+length-1: [length, D]. An odd D ends with an unpaired sine.
+    Computed in float64 (angles reach thousands of radians), then cast to `dtype`.
+    """
+    pos = torch.arange(start, start + length, dtype=torch.float64, device=device)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device=device)
+    angles = pos[:, None] / 10000.0 ** (two_i / d_model)  # [length, ceil(D/2)]
+    table = torch.empty(length, d_model, dtype=torch.float64, device=device)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return table.to(dtype)
+
+
+class SinusoidalPositions(nn.Module):
+    """§3.5 sinusoids for any position: a precomputed table, and on-demand rows beyond it.
+
+    The table is a non-persistent buffer: it moves with `.to(device)` but is not in the state_dict (it
+    is a pure function of D). Positions past its end are computed per call instead of growing the
+    buffer, so the module never changes during a forward (identical on every DDP rank, no recompiles).
     """
 
-    def __init__(self, config: TransformerConfig):
+    def __init__(self, d_model: int, table_length: int = 1024):
         super().__init__()
-        self.norm_first = config.norm_first
-        self.dropout = nn.Dropout(config.dropout)
+        self.d_model = d_model
+        self.register_buffer("table", sinusoids(table_length, d_model), persistent=False)
 
-    def sublayer_input(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
-        return norm(x) if self.norm_first else x
-
-    def add_norm(self, x: Tensor, y: Tensor, norm: nn.LayerNorm) -> Tensor:
-        return x + self.dropout(y) if self.norm_first else norm(x + self.dropout(y))
-
-
-class EncoderLayer(ResidualLayer):
-    """Self-attention, then feed-forward."""
-
-    def __init__(self, config: TransformerConfig):
-        super().__init__(config)
-        d = config.d_model
-        self.self_attn = SelfAttention(d_model=d, heads=config.heads)
-        self.self_attn_norm = nn.LayerNorm(d)
-        self.ffn = FeedForward(d_model=d, d_ff=config.d_ff)
-        self.ffn_norm = nn.LayerNorm(d)
-
-    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
-        """x: [B, S, D], src_mask: [B, S] (True = real token) -> [B, S, D]."""
-        y, _ = self.self_attn(self.sublayer_input(x, self.self_attn_norm), key_mask=src_mask)
-        x = self.add_norm(x, y, self.self_attn_norm)
-        y = self.ffn(self.sublayer_input(x, self.ffn_norm))
-        return self.add_norm(x, y, self.ffn_norm)
-
-
-class DecoderLayer(ResidualLayer):
-    """Causal self-attention, encoder-decoder attention, feed-forward."""
-
-    def __init__(self, config: TransformerConfig):
-        super().__init__(config)
-        d = config.d_model
-        self.self_attn = SelfAttention(d_model=d, heads=config.heads)
-        self.self_attn_norm = nn.LayerNorm(d)
-        self.cross_attn = CrossAttention(d_model=d, heads=config.heads)
-        self.cross_attn_norm = nn.LayerNorm(d)
-        self.ffn = FeedForward(d_model=d, d_ff=config.d_ff)
-        self.ffn_norm = nn.LayerNorm(d)
-
-    def forward(self, x: Tensor, *, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor,
-                past: PastKV | None = None) -> tuple[Tensor, PastKV | None]:
-        """x: [B, T, D], the positions after those of `past` -> (x [B, T, D], with `past`: self-attention K/V).
-
-        Self-attention needs no key mask: targets are right-padded, so what a real position may see
-        (itself and earlier positions) holds no padding.
-        """
-        y, kv = self.self_attn(self.sublayer_input(x, self.self_attn_norm), causal=True, past=past)
-        x = self.add_norm(x, y, self.self_attn_norm)
-        y = self.cross_attn(self.sublayer_input(x, self.cross_attn_norm), memory_kv, src_mask)
-        x = self.add_norm(x, y, self.cross_attn_norm)
-        y = self.ffn(self.sublayer_input(x, self.ffn_norm))
-        return self.add_norm(x, y, self.ffn_norm), kv
-
-
-class Encoder(nn.Module):
-    """N encoder layers; pre-norm adds a final LayerNorm (post-norm's last sublayer already ends with one)."""
-
-    def __init__(self, config: TransformerConfig):
-        super().__init__()
-        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.encoder_layers))
-        self.final_norm = nn.LayerNorm(config.d_model) if config.norm_first else None
-
-    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
-        for layer in self.layers:
-            x = layer(x, src_mask)
-        return x if self.final_norm is None else self.final_norm(x)
-
-
-class Decoder(nn.Module):
-    """N decoder layers; pre-norm adds a final LayerNorm."""
-
-    def __init__(self, config: TransformerConfig):
-        super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.decoder_layers))
-        self.final_norm = nn.LayerNorm(config.d_model) if config.norm_first else None
-
-    def forward(self, x: Tensor, *, memory: Tensor | None = None, src_mask: Tensor,
-                cache: DecoderCache | None = None) -> tuple[Tensor, list[PastKV | None]]:
-        """x: [B, T, D] -> (x [B, T, D], with a cache: per layer the self-attention K/V of all positions).
-
-        Without a cache: the whole target; cross-attention K/V are projected from memory [B, S, D].
-        With a cache: x holds the positions after cache.length; cross K/V and past K/V come from it.
-        """
-        self_kv = []
-        for i, layer in enumerate(self.layers):
-            if cache is None:
-                x, kv = layer(x, memory_kv=layer.cross_attn.memory_kv(memory), src_mask=src_mask)
-            else:
-                x, kv = layer(x, memory_kv=(cache.cross_k[i], cache.cross_v[i]), src_mask=src_mask,
-                              past=PastKV(cache.self_k[i], cache.self_v[i], cache.rows))
-            self_kv.append(kv)
-        return (x if self.final_norm is None else self.final_norm(x)), self_kv
+    def forward(self, start: int, length: int) -> Tensor:
+        """Positions start .. start+length-1: [length, D]."""
+        if start + length <= self.table.shape[0]:
+            return self.table[start : start + length]
+        return sinusoids(length, self.d_model, start=start, dtype=self.table.dtype, device=self.table.device)
 
 
 # ----------------------------------------------------------------------------------------------------
-# The model
+# Incremental decoding: the decoder cache that search's single steps carry
 
 
-class EncoderOut(NamedTuple):
-    out: Tensor  # [B, S, D]
-    src_mask: Tensor  # [B, S] bool, True = real token
+class PastKV(NamedTuple):
+    """Self-attention keys and values of the positions decoded so far, time-major: [L, B', H, Dh] each.
+
+    rows [B] (or None: all B' = B rows in order) says which of them each of the B rows continues: beam
+    search's reorder, applied while the next position is appended (one copy of the past, not two).
+    """
+
+    k: Tensor
+    v: Tensor
+    rows: Tensor | None = None
+
+
+def append_positions(past: Tensor, rows: Tensor | None, new: Tensor) -> Tensor:
+    """past [L, B', H, Dh] (rows [B] of it, or all), then new [T, B, H, Dh] -> a new [L + T, B, H, Dh].
+
+    Without autograd the rows are gathered straight into the result, which time-major order keeps
+    contiguous; with autograd (out= is not differentiable) they are gathered, then concatenated.
+    """
+    if rows is None:
+        return torch.cat([past, new])
+    if torch.is_grad_enabled():
+        return torch.cat([past.index_select(1, rows), new])
+    out = new.new_empty(past.shape[0] + new.shape[0], *new.shape[1:])
+    torch.index_select(past, 1, rows, out=out[: past.shape[0]])
+    out[past.shape[0] :] = new
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -437,6 +503,23 @@ class DecoderCache:
     beams: int = 1  # K, rows per source
     rows: Tensor | None = None  # [B*K] long: the self_k/self_v row each row continues (None: the same row)
 
+    @classmethod
+    def empty(cls, decoder: Decoder, encoder_out: EncoderOut, beams: int = 1) -> DecoderCache:
+        """`Transformer.init_cache`: no target positions yet, and each layer's cross-attention K/V."""
+        if not _is_int(beams) or beams < 1:
+            raise ValueError(f"beams={beams!r} is invalid: decode at least one row per source")
+        cross = [layer.cross_attn.memory_kv(encoder_out.out) for layer in decoder.layers]
+        k = cross[0][0]  # [B, H, S, Dh], in the dtype the projections give (autocast may lower it)
+        no_positions = k.new_empty(0, k.shape[0] * beams, k.shape[1], k.shape[3])  # [0, B*K, H, Dh]
+        return cls(
+            self_k=[no_positions] * len(cross),
+            self_v=[no_positions] * len(cross),
+            cross_k=[k for k, _ in cross],
+            cross_v=[v for _, v in cross],
+            src_mask=encoder_out.src_mask,
+            beams=beams,
+        )
+
     @property
     def length(self) -> int:
         """Target positions decoded so far; the next one is at this position."""
@@ -456,84 +539,3 @@ class DecoderCache:
         if self.rows is not None:  # reordered twice without a step between: compose
             rows = self.rows[rows]
         return dataclasses.replace(self, rows=rows, beams=beams.shape[1])
-
-
-class Transformer(nn.Module):
-    """The encoder-decoder of Figure 1. Training, greedy and beam search all go through encode/decode."""
-
-    def __init__(self, config: TransformerConfig):
-        super().__init__()
-        self.config = config
-        d = config.d_model
-        # §3.4: one matrix for source embeddings, target embeddings and the pre-softmax projection.
-        # N(0, D^-0.5) as tensor2tensor and fairseq: scaled by sqrt(D), embeddings start at unit size.
-        self.embedding = nn.Embedding(config.vocab_size, d, padding_idx=config.pad_id)
-        nn.init.normal_(self.embedding.weight, mean=0.0, std=d**-0.5)
-        with torch.no_grad():
-            self.embedding.weight[config.pad_id].zero_()
-        self.positions = SinusoidalPositions(d)
-        self.embed_dropout = nn.Dropout(config.dropout)
-        self.encoder = Encoder(config)
-        self.decoder = Decoder(config)
-
-    def embed(self, tokens: Tensor, start: int = 0) -> Tensor:
-        """tokens [B, T] at positions start.. -> Dropout(E[tokens] * sqrt(D) + PE) [B, T, D] (§3.4, §3.5, §5.4)."""
-        x = self.embedding(tokens) * math.sqrt(self.config.d_model)
-        x = x + self.positions(start, tokens.shape[1]).to(x.dtype)  # [B, T, D] + [T, D]
-        return self.embed_dropout(x)
-
-    def encode(self, src_tokens: Tensor) -> EncoderOut:
-        """src_tokens [B, S] int64 (pieces, EOS, then PAD) -> EncoderOut(out [B, S, D], src_mask [B, S])."""
-        src_mask = src_tokens != self.config.pad_id
-        if not torch.compiler.is_compiling():  # a data-dependent check: keep it out of compiled graphs
-            empty = ~src_mask.any(dim=1)
-            if empty.any():
-                row = int(empty.nonzero()[0, 0])
-                raise ValueError(
-                    f"source row {row} is all padding: every source needs at least one token "
-                    f"(sentences end with EOS={self.config.eos_id})"
-                )
-        return EncoderOut(out=self.encoder(self.embed(src_tokens), src_mask), src_mask=src_mask)
-
-    def init_cache(self, encoder_out: EncoderOut, beams: int = 1) -> DecoderCache:
-        """An empty decoder cache for these B sources, decoding `beams` rows per source (B * beams rows,
-        row b * beams + k is beam k of source b), with the cross-attention K/V of every layer."""
-        if not _is_int(beams) or beams < 1:
-            raise ValueError(f"beams={beams!r} is invalid: decode at least one row per source")
-        cross = [layer.cross_attn.memory_kv(encoder_out.out) for layer in self.decoder.layers]
-        k = cross[0][0]  # [B, H, S, Dh], in the dtype the projections give (autocast may lower it)
-        no_positions = k.new_empty(0, k.shape[0] * beams, k.shape[1], k.shape[3])  # [0, B*K, H, Dh]
-        return DecoderCache(
-            self_k=[no_positions] * len(cross),
-            self_v=[no_positions] * len(cross),
-            cross_k=[k for k, _ in cross],
-            cross_v=[v for _, v in cross],
-            src_mask=encoder_out.src_mask,
-            beams=beams,
-        )
-
-    def decode(self, tgt_tokens: Tensor, encoder_out: EncoderOut,
-               cache: DecoderCache | None = None) -> tuple[Tensor, DecoderCache | None]:
-        """Target tokens -> (logits [B, T, V], cache).
-
-        Without a cache: the teacher-forced pass over the whole target [B, T] (BOS first), cache None.
-        With a cache: tgt_tokens [B*K, T] are the new positions only (usually T = 1) of the cache's rows, at
-        positions cache.length..; encoder_out is not read (the cache holds what is needed); returns the
-        new cache.
-        """
-        if cache is None:
-            x, _ = self.decoder(self.embed(tgt_tokens), memory=encoder_out.out, src_mask=encoder_out.src_mask)
-        else:
-            x, self_kv = self.decoder(self.embed(tgt_tokens, start=cache.length), src_mask=cache.src_mask,
-                                      cache=cache)
-            cache = dataclasses.replace(cache, self_k=[kv.k for kv in self_kv], self_v=[kv.v for kv in self_kv],
-                                        rows=None)
-        logits = linear(x, self.embedding.weight)  # x E^T: [B, T, D] @ [D, V] -> [B, T, V], no bias
-        return logits, cache
-
-    def forward(self, src_tokens: Tensor, tgt_tokens: Tensor) -> Tensor:
-        """src [B, S], decoder input [B, T] (BOS first) -> logits [B, T, V]."""
-        return self.decode(tgt_tokens, self.encode(src_tokens))[0]
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())

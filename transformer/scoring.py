@@ -43,6 +43,8 @@ from typing import Any
 import sacremoses
 from sacrebleu.metrics import BLEU, CHRF
 
+from transformer.checkpoint import atomic_write
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -401,7 +403,4 @@ def append_table_row(table_path: str | os.PathLike, row: dict[str, Any], table: 
             pos += 1
         lines.insert(pos, new_row)
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text("\n".join(lines).rstrip("\n") + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, "\n".join(lines).rstrip("\n") + "\n", what="table")

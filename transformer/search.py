@@ -1,9 +1,9 @@
 """Greedy and beam search over a model's `encode` / single-step `decode` (SPEC "Python API").
 
-The model is reached only through the interface of docs/DESIGN.md: `model.config` (special ids, vocab_size),
-`model.encode(src) -> EncoderOut`, `model.init_cache(encoder_out, beams)` (K rows per source, row b * K + k
-is beam k of sentence b), `model.decode(tgt_new, encoder_out, cache) -> (logits, cache)` and
-`cache.reorder_beams(beams [B, K])`. An `Ensemble` of models offers the same interface.
+The model is reached only through `Seq2Seq` below, which `transformer.model.Transformer` and `Ensemble` both
+satisfy: `config` (special ids, vocab_size), `encode`, `init_cache` (K rows per source, row b * K + k is beam
+k of sentence b), a single-step `decode`, `log_probs` of its output, `modules()` (put in eval mode) and the
+cache's `reorder_beams`.
 
 Axis letters: B sentences, K beams per sentence, V vocabulary, L longest hypothesis (tokens before EOS).
 
@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Any, Iterator, Protocol, runtime_checkable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from transformer.kernels import frozen_weights
@@ -58,14 +58,58 @@ def length_penalty(length: int, alpha: float, style: str) -> float:
     raise ValueError(f"unknown lenpen_style {style!r}: use one of {', '.join(LENPEN_STYLES)}")
 
 
-def _vocabulary_ids(config) -> tuple[int, int, int, int, int]:
+class TokenIds(Protocol):
+    """What search reads of a model's config (`TransformerConfig` has it)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def pad_id(self) -> int: ...
+    @property
+    def unk_id(self) -> int: ...
+    @property
+    def bos_id(self) -> int: ...
+    @property
+    def eos_id(self) -> int: ...
+
+
+class Cache(Protocol):
+    """A decoder state: `reorder_beams(beams [B, K'])` -> the state in which beam k of sentence b continues
+    beam beams[b, k] (`transformer.model.DecoderCache`)."""
+
+    def reorder_beams(self, beams: torch.Tensor) -> Cache: ...
+
+
+@runtime_checkable  # isinstance checks that every member is there (not their signatures)
+class Seq2Seq(Protocol):
+    """The model as search sees it: `transformer.model.Transformer`, an `Ensemble`, or a test's scripted model.
+
+    encode(src [B, S]) -> an encoder output that search only hands back to `init_cache` and `decode`.
+    init_cache(encoder_out, beams=K) -> a cache for B * K rows, row b * K + k being beam k of sentence b.
+    decode(tgt [B*K, T], encoder_out, cache) -> (output [B*K, T, V], the cache with those T positions
+    appended): a new tensor each call, which search may overwrite.
+    log_probs(output) -> the log-probabilities [.., V] float32 that search adds up: log_softmax of a
+    Transformer's logits, an Ensemble's mean of its members'. It may overwrite `output`.
+    modules(): the nn.Modules that search puts in eval mode (dropout off) while it runs.
+    """
+
+    @property
+    def config(self) -> TokenIds: ...
+    def encode(self, src_tokens: torch.Tensor) -> Any: ...
+    def init_cache(self, encoder_out: Any, beams: int = 1) -> Cache: ...
+    def decode(self, tgt_tokens: torch.Tensor, encoder_out: Any, cache: Any) -> tuple[torch.Tensor, Any]: ...
+    def log_probs(self, logits: torch.Tensor) -> torch.Tensor: ...
+    def modules(self) -> Iterator[nn.Module]: ...
+
+
+def _vocabulary_ids(config: TokenIds) -> tuple[int, int, int, int, int]:
     return config.vocab_size, config.pad_id, config.unk_id, config.bos_id, config.eos_id
 
 
 class EnsembleCache:
     """One decoder cache per member model, reordered together."""
 
-    def __init__(self, caches: tuple):
+    def __init__(self, caches: tuple[Cache, ...]):
         self.caches = caches
 
     def reorder_beams(self, beams: torch.Tensor) -> EnsembleCache:
@@ -76,13 +120,15 @@ class Ensemble(nn.Module):
     """Several models decoding as one: each step scores a token by the mean of the models' log-probabilities.
 
     This is SPEC's "per-step average of the models' log-probabilities" taken literally (as Marian, OpenNMT and
-    sockeye's log-linear ensembles do), not fairseq's log of the mean probability. The average is not
-    renormalised: `decode` returns it as log-probabilities, and search uses them as they are (a second
-    log_softmax would renormalise them and change the ensemble's scores). Each step's average is <= 0, like
-    any log-probability, which the beam search's early stop relies on.
+    sockeye's log-linear ensembles do), not fairseq's log of the mean probability. `decode` and `forward`
+    return the average [B, T, V] float32, and `log_probs` hands it to search as it is: not renormalised (a
+    log_softmax would renormalise it and change the ensemble's scores). Each step's average is <= 0, like any
+    log-probability, which the beam search's early stop relies on. Read as logits instead, i.e. renormalised
+    by a softmax (as `F.cross_entropy` does), the average is the log-linear ensemble's distribution, which
+    sums to one: so a corpus NLL (perplexity) treats `ensemble(src, tgt_in)` like a model's logits.
     """
 
-    def __init__(self, models):
+    def __init__(self, models):  # Seq2Seq models that are nn.Modules, e.g. Transformers
         super().__init__()
         models = list(models)
         if not models:
@@ -102,22 +148,31 @@ class Ensemble(nn.Module):
     def init_cache(self, encoder_out: tuple, beams: int = 1) -> EnsembleCache:
         return EnsembleCache(tuple(model.init_cache(out, beams) for model, out in zip(self.models, encoder_out)))
 
-    def decode(self, tgt_tokens: torch.Tensor, encoder_out: tuple, cache: EnsembleCache | None = None):
-        """-> (mean over the models of log_softmax(logits) [B, T, V] float32, the new cache or None)."""
+    def decode(self, tgt_tokens: torch.Tensor, encoder_out: tuple,
+               cache: EnsembleCache | None = None) -> tuple[torch.Tensor, EnsembleCache | None]:
+        """-> (mean over the models of their log_probs [B, T, V] float32, the new cache or None)."""
         caches = cache.caches if cache is not None else (None,) * len(self.models)
         log_probs, new_caches = [], []
         for model, out, member_cache in zip(self.models, encoder_out, caches):
             logits, member_cache = model.decode(tgt_tokens, out, member_cache)
-            log_probs.append(F.log_softmax(logits.float(), dim=-1))
+            log_probs.append(model.log_probs(logits))
             new_caches.append(member_cache)
         new_cache = EnsembleCache(tuple(new_caches)) if cache is not None else None  # as a model: None without one
         return torch.stack(log_probs).mean(dim=0), new_cache
 
+    def forward(self, src_tokens: torch.Tensor, tgt_tokens: torch.Tensor) -> torch.Tensor:
+        """src [B, S], decoder input [B, T] (BOS first) -> the mean of the models' log-probabilities [B, T, V]."""
+        return self.decode(tgt_tokens, self.encode(src_tokens))[0]
+
+    def log_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """`decode`'s mean log-probabilities, as they are (SPEC: the average, not renormalised)."""
+        return logits.float()
+
 
 @contextlib.contextmanager
-def _eval_mode(model):
+def _eval_mode(model: Seq2Seq) -> Iterator[None]:
     """Search runs without dropout; the caller's train/eval flags are restored afterwards."""
-    modules = list(model.modules()) if isinstance(model, nn.Module) else []
+    modules = list(model.modules())
     modes = [module.training for module in modules]
     for module in modules:
         module.training = False
@@ -140,20 +195,18 @@ def _penalty_table(longest: int, alpha: float, style: str, device) -> torch.Tens
     return torch.tensor(values, dtype=torch.float32, device=device)
 
 
-def _next_token_log_probs(model, logits: torch.Tensor, step: int, min_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [N, V] of one step -> (log-probabilities [N, V] float32 with the tokens search may not emit
-    now at -inf, the log-probability of EOS [N] before masking: a row at its cap may end whatever min_len).
+def _next_token_log_probs(model: Seq2Seq, logits: torch.Tensor, step: int,
+                          min_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """decode's output [N, V] of one step -> (log-probabilities [N, V] float32 with the tokens search may not
+    emit now at -inf, the log-probability of EOS [N] before masking: a row at its cap may end whatever min_len).
 
-    bf16/fp16 models are scored in float32. An Ensemble's step output is already its averaged
-    log-probabilities (see Ensemble). Search owns the logits a step returns: log_softmax overwrites them
-    (on one CPU thread 6 ms instead of 16 ms for a fresh [400, 37000] tensor, whose pages the OS must first
-    supply). PAD and BOS are never emitted, EOS not before min_len: whole columns set to -inf in place,
-    after log_softmax (masking does not renormalise).
+    bf16/fp16 models are scored in float32. Search owns what a step returns, so `model.log_probs` may write
+    into it (a Transformer's log_softmax does: on one CPU thread 6 ms instead of 16 ms for a fresh
+    [400, 37000] tensor, whose pages the OS must first supply). PAD and BOS are never emitted, EOS not before
+    min_len: whole columns set to -inf in place, after the log_softmax (masking does not renormalise).
     """
     config = model.config
-    log_probs = logits.float()
-    if not isinstance(model, Ensemble):
-        torch.log_softmax(log_probs, dim=-1, out=log_probs)
+    log_probs = model.log_probs(logits)
     eos = log_probs[:, config.eos_id].clone()
     log_probs[:, config.pad_id] = float("-inf")
     log_probs[:, config.bos_id] = float("-inf")
@@ -172,8 +225,8 @@ def _check_options(lenpen_style: str, min_len: int, max_len_a: float, max_len_b:
 
 
 @torch.inference_mode()
-def beam_search(model, src_tokens: torch.Tensor, *, beam: int = 4, lenpen: float = 0.6, lenpen_style: str = "gnmt",
-                max_len_a: float = 1, max_len_b: float = 50, min_len: int = 0,
+def beam_search(model: Seq2Seq, src_tokens: torch.Tensor, *, beam: int = 4, lenpen: float = 0.6,
+                lenpen_style: str = "gnmt", max_len_a: float = 1, max_len_b: float = 50, min_len: int = 0,
                 nbest: int = 1) -> list[list[Hypothesis]]:
     """src_tokens [B, S] -> for each sentence, up to `nbest` hypotheses, best (highest score) first.
 
@@ -287,8 +340,8 @@ def _to_hypotheses(scores: torch.Tensor, tokens: torch.Tensor, lengths: torch.Te
 
 
 @torch.inference_mode()
-def greedy_search(model, src_tokens: torch.Tensor, *, max_len_a: float = 1, max_len_b: float = 50, min_len: int = 0,
-                  lenpen: float = 0.0, lenpen_style: str = "gnmt") -> list[list[Hypothesis]]:
+def greedy_search(model: Seq2Seq, src_tokens: torch.Tensor, *, max_len_a: float = 1, max_len_b: float = 50,
+                  min_len: int = 0, lenpen: float = 0.0, lenpen_style: str = "gnmt") -> list[list[Hypothesis]]:
     """src_tokens [B, S] -> for each sentence, a list holding its one hypothesis: the most probable allowed
     token at every step. Finished rows stay in the batch, extended with PAD at zero cost."""
     _check_options(lenpen_style, min_len, max_len_a, max_len_b)

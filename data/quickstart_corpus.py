@@ -1,9 +1,13 @@
-"""A generated English → German parallel corpus: real translation problems, no download.
+"""The quickstart's corpus generator (what `data.generate=synthetic` writes), not part of the data pipeline.
 
-The quickstart trains on text this module writes from a seeded grammar. The source is simple English;
-the target is grammatical German built from the same sentence tree, so every source sentence has exactly
-one correct translation (the mapping is a function, and a small model can reach a high BLEU), yet the
-model must learn what makes English → German hard:
+It writes an English → German parallel corpus from a seeded grammar: real translation problems, no
+download. The pipeline that reads corpora (`data.corpus`, `data.vocab`, `data.pipeline`, `data.batching`)
+never imports it: train.py calls `write_corpus` to put the files at the data prefixes
+(configs/data/quickstart.yaml), and the pipeline then reads them as it reads a real corpus.
+
+The source is simple English; the target is grammatical German built from the same sentence tree, so
+every source sentence has exactly one correct translation (the mapping is a function, and a small model
+can reach a high BLEU), yet the model must learn what makes English → German hard:
 
 - **Gender, case and number.** Every noun has a gender (der Hund, die Katze, das Kind); "the" becomes
   der/die/das/den/dem/des by the noun's role: subject (nominative), object (accusative), the object of
@@ -50,7 +54,7 @@ after 285 updates, where this grammar is at ~70.
 
 Sentences are deduplicated by their source, so held-out splits never occur in training::
 
-    python -m data.synthetic runs/quickstart/corpus       # writes train/valid/test .en/.de there
+    python -m data.quickstart_corpus runs/quickstart/corpus       # writes train/valid/test .en/.de there
 """
 
 from __future__ import annotations
@@ -59,11 +63,12 @@ import argparse
 import hashlib
 import json
 import logging
-import os
 import random
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from transformer.checkpoint import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -1060,21 +1065,17 @@ def write_corpus(out_dir: Path, *, train: int = DEFAULT_SIZES["train"], valid: i
     out_dir.mkdir(parents=True, exist_ok=True)
     for split, (a, b) in bounds.items():
         for side, lang in enumerate((SRC_LANG, TGT_LANG)):
-            _write_atomic(prefixes[split].with_suffix(f".{lang}"), "".join(p[side] + "\n" for p in pairs[a:b]))
-    _write_atomic(manifest, json.dumps({"params": params, "sha256": {f.name: _sha256(f) for f in files}},
+            atomic_write(prefixes[split].with_suffix(f".{lang}"), "".join(p[side] + "\n" for p in pairs[a:b]))
+    atomic_write(manifest, json.dumps({"params": params, "sha256": {f.name: _sha256(f) for f in files}},
                                        indent=2) + "\n")
     log.info("wrote a synthetic corpus to %s: %s", out_dir, sizes)
     return prefixes
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8", newline="\n")
-    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m data.synthetic", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m data.quickstart_corpus", description=__doc__.split("\n")[0])
     parser.add_argument("out_dir", type=Path, help="directory for train/valid/test .en/.de")
     for split, size in DEFAULT_SIZES.items():
         parser.add_argument(f"--{split}", type=int, default=size, help=f"pairs in {split} [{size}]")

@@ -1,0 +1,333 @@
+"""The configuration schema: one frozen, keyword-only dataclass per config group, checked in one place.
+
+The groups `model`, `data`, `train` and `decode` of `configs/` are backed by `ModelConfig`, `DataConfig`,
+`TrainConfig` and `DecodeConfig`; `TrainJob`, `TranslateJob` and `EvaluateJob` are the whole configs of
+train.py, translate.py and evaluate.py. They are registered with Hydra's ConfigStore (`register()`) as the
+schemas of `configs/{config,translate,evaluate}.yaml`, so OmegaConf refuses a value of the wrong type or an
+unknown key and names it; each dataclass's `__post_init__` holds its range checks (a one-line ConfigError).
+`to_job(cfg)` turns a composed config into the job's dataclass, running those checks.
+
+The defaults are the paper's: `ModelConfig()` is the base model (Table 3), `MODEL_PRESETS["big"]` the big
+one, `TrainConfig()` the §5 recipe and `DecodeConfig()` §6.1's search.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """A configuration the user must change; the message is one line that says how."""
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _one_of(key: str, value: str, options: tuple[str, ...], note: str = "") -> None:
+    _require(value in options, f"{key}={value} is not one of {', '.join(options)}{note}")
+
+
+def _at_least(key: str, value: float | None, lowest: float, *, nullable: bool = False) -> None:
+    if value is None and nullable:
+        return
+    _require(value is not None and value >= lowest,
+             f"{key}={value!r} is invalid: set it to a number >= {lowest}{' or null' if nullable else ''}")
+
+
+# ------------------------------------------------------------------------------------------------ model
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """`model.*`: the architecture (§3). The defaults are the paper's base model (Table 3, first row)."""
+
+    d_model: int = 512
+    heads: int = 8
+    d_ff: int = 2048
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    dropout: float = 0.1
+    norm_first: bool = False  # False: the paper's post-norm. True: pre-norm, a later variant.
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "heads", "d_ff", "encoder_layers", "decoder_layers"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                     f"model.{name}={value!r} is invalid: set it to a positive integer")
+        _require(self.d_model % self.heads == 0, f"model.d_model={self.d_model} is not divisible by "
+                                                 f"model.heads={self.heads}: choose d_model a multiple of heads")
+        _require(isinstance(self.dropout, (int, float)) and not isinstance(self.dropout, bool) and 0 <= self.dropout < 1,
+                 f"model.dropout={self.dropout!r} is invalid: choose a probability in [0, 1)")
+        _require(isinstance(self.norm_first, bool), f"model.norm_first={self.norm_first!r} is invalid: set it to true "
+                                                    "or false")
+
+
+# Keys whose change makes a saved run a different model: resuming or fine-tuning with other values is an
+# error. Every architecture field; dropout is a training choice.
+ARCH_KEYS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "dropout")
+
+MODEL_PRESETS = {
+    "base": ModelConfig(),  # N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1: 65M parameters as reported
+    "big": ModelConfig(d_model=1024, heads=16, d_ff=4096, dropout=0.3),  # P_drop=0.3: 213M as reported
+}
+
+
+# ------------------------------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """`data.*`: the corpus, its cleaning and the vocabulary (docs/DATA.md). Defaults: WMT14 EN-DE."""
+
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    vocab_size: Optional[int] = 37000
+    spm_model: Optional[str] = None  # null: train a shared SentencePiece BPE model (stored in run_dir)
+    vocab: str = "keep"  # with init_from: keep (the checkpoint's) | transfer (a new one; docs/FINETUNING.md)
+    dataset: Optional[str] = None  # HF hub name or a local directory in its layout; or train_prefix
+    subset: Optional[str] = None
+    train_split: str = "train"
+    valid_split: str = "validation"
+    test_split: str = "test"
+    train_prefix: Optional[str] = None  # <prefix>.<lang>: one sentence a line
+    valid_prefix: Optional[str] = None
+    test_prefix: Optional[str] = None
+    generate: Optional[str] = None  # `synthetic`: write the quickstart's generated corpus to the prefixes
+    vocab_sample: int = 2_000_000  # sentences sampled (both sides) to train the vocabulary
+    max_len: Optional[int] = 250  # training pairs with more whitespace words on a side are dropped
+    max_len_ratio: Optional[float] = 1.5  # ... or whose word-length ratio exceeds this
+    dedup: bool = False
+    num_workers: int = 4
+    cache_dir: Optional[str] = None  # null: run_dir/data
+
+    def __post_init__(self) -> None:
+        _require(not (self.dataset and self.train_prefix),
+                 "both data.dataset and data.train_prefix are set: set one of them to null")
+        _require(bool(self.dataset or self.train_prefix),
+                 "neither data.dataset nor data.train_prefix is set: set one (the other stays null)")
+        _require(bool(self.src_lang and self.tgt_lang) and self.src_lang != self.tgt_lang,
+                 f"data.src_lang and data.tgt_lang must be two different languages (got {self.src_lang!r}, "
+                 f"{self.tgt_lang!r})")
+        _require(self.vocab_size is None or self.vocab_size >= 300,
+                 f"data.vocab_size must be an integer >= 300 (256 byte pieces + specials + characters) or null, "
+                 f"got {self.vocab_size!r}")
+        _one_of("data.vocab", self.vocab, ("keep", "transfer"),
+                " (keep: the init_from checkpoint's vocabulary; transfer: a new one, see docs/FINETUNING.md)")
+        _require(self.generate in (None, "synthetic"), f"data.generate={self.generate} is not one of null, synthetic")
+        _require(self.max_len is None or self.max_len >= 1, f"data.max_len must be an integer >= 1 or null, "
+                                                            f"got {self.max_len!r}")
+        _require(self.max_len_ratio is None or self.max_len_ratio >= 1,
+                 f"data.max_len_ratio must be a number >= 1 or null, got {self.max_len_ratio!r}")
+        _require(self.num_workers >= 1, f"data.num_workers must be an integer >= 1, got {self.num_workers!r}")
+        _require(self.vocab_sample >= 2, f"data.vocab_sample must be an integer >= 2, got {self.vocab_sample!r}")
+
+
+# ------------------------------------------------------------------------------------------------ train
+
+
+FREEZABLE = ("encoder", "decoder", "embeddings")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """`train.*`: the §5 recipe (Adam(0.9, 0.98, 1e-9) is fixed in transformer/schedule.py), the stopping
+    rules, and how often to log, validate and save."""
+
+    max_tokens: int = 4096  # per rank per forward pass: batch size × max(padded src, padded tgt length)
+    tokens_per_update: int = 25000
+    update_freq: Optional[int] = None  # null: max(1, round(tokens_per_update / (world_size × max_tokens)))
+    lr_scale: float = 1.0
+    warmup_steps: int = 4000
+    label_smoothing: float = 0.1
+    freeze: list[str] = field(default_factory=list)  # parts kept fixed: encoder | decoder | embeddings
+    train_top_layers: Optional[int] = None  # k: train only the top k layers of each stack; null: all
+    clip_norm: float = 0.0  # 0: no clipping, as the paper
+    precision: str = "fp32"  # fp32 | bf16 | fp16
+    compile: bool = False
+    max_steps: Optional[int] = 100000
+    max_epochs: Optional[int] = None
+    max_time: Optional[float] = None  # seconds of training, then save and stop
+    max_nonfinite: int = 10
+    save_every_steps: int = 1500
+    save_every_minutes: Optional[float] = 10
+    keep_last: int = 10
+    average_last: int = 5
+    valid_every_steps: int = 1500
+    valid_bleu_lines: int = 200  # decode this many validation lines for BLEU (0: loss only)
+    best_metric: str = "bleu"  # bleu | loss | nll
+    patience: int = 0  # validations without improvement before stopping (0: off)
+    log_every_steps: int = 100
+    num_samples: int = 3  # sample translations logged at each validation
+    test_at_end: bool = False  # translate the test split with the averaged model and print sacreBLEU
+
+    def __post_init__(self) -> None:
+        for key in ("max_tokens", "tokens_per_update", "warmup_steps", "save_every_steps", "valid_every_steps",
+                    "log_every_steps", "max_nonfinite", "average_last"):
+            _require(getattr(self, key) > 0, f"train.{key}={getattr(self, key)} must be a positive integer")
+        _require(self.update_freq is None or self.update_freq > 0,
+                 f"train.update_freq={self.update_freq} must be a positive integer or null")
+        for key in ("max_steps", "max_epochs", "max_time", "save_every_minutes"):
+            _at_least(f"train.{key}", getattr(self, key), 0, nullable=True)
+        for key in ("keep_last", "valid_bleu_lines", "patience", "num_samples", "clip_norm"):
+            _at_least(f"train.{key}", getattr(self, key), 0)
+        _require(self.lr_scale > 0, f"train.lr_scale={self.lr_scale} must be positive")
+        _require(0 <= self.label_smoothing < 1, f"train.label_smoothing={self.label_smoothing} must be in [0, 1)")
+        _one_of("train.precision", self.precision, ("fp32", "bf16", "fp16"))
+        _one_of("train.best_metric", self.best_metric, ("bleu", "loss", "nll"))
+        _require(not 0 < self.keep_last < self.average_last,
+                 f"train.average_last={self.average_last} exceeds train.keep_last={self.keep_last}: keep at least "
+                 "as many checkpoints as you average")
+        unknown = [part for part in self.freeze if part not in FREEZABLE]
+        _require(not unknown, f"train.freeze names {', '.join(map(repr, unknown))}: the parts that can be frozen "
+                              f"are {', '.join(FREEZABLE)} (e.g. train.freeze=[encoder,embeddings])")
+
+
+# ----------------------------------------------------------------------------------------------- decode
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeConfig:
+    """`decode.*`: the paper's search (§6.1): beam 4, length penalty α = 0.6 (GNMT form), max length =
+    source + 50. Used by validation BLEU, the end-of-training test translation, translate.py, evaluate.py."""
+
+    beam: int = 4
+    lenpen: float = 0.6
+    lenpen_style: str = "gnmt"  # gnmt: ((5+|Y|)/6)^α, as the paper | power: |Y|^α
+    max_len_a: float = 1
+    max_len_b: int = 50
+    min_len: int = 0
+    nbest: int = 1
+    max_input_len: int = 1024  # longer inputs are cropped (with a warning)
+    max_tokens: int = 8000  # source tokens per decoding batch
+    precision: str = "fp32"  # fp32 | bf16 (a bfloat16 copy of the weights; search scores in float32)
+
+    def __post_init__(self) -> None:
+        _one_of("decode.lenpen_style", self.lenpen_style, ("gnmt", "power"))
+        for key in ("beam", "nbest", "max_input_len", "max_tokens"):
+            _require(getattr(self, key) > 0, f"decode.{key}={getattr(self, key)} must be a positive integer")
+        for key in ("lenpen", "max_len_a", "max_len_b", "min_len"):
+            _require(getattr(self, key) >= 0, f"decode.{key}={getattr(self, key)!r} must be >= 0")
+        _require(self.nbest <= self.beam, f"decode.nbest={self.nbest} exceeds decode.beam={self.beam}: raise the beam")
+        _one_of("decode.precision", self.precision, ("fp32", "bf16"))
+
+
+# ------------------------------------------------------------------------------------------------- jobs
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainJob:
+    """Everything train.py reads (configs/config.yaml)."""
+
+    run_dir: Optional[str] = None  # null: runs/<experiment or model>-<data>
+    seed: int = 1
+    device: str = "auto"  # auto: cuda if available, else cpu
+    init_from: Optional[str] = None  # a checkpoint or run_dir to fine-tune from (docs/FINETUNING.md)
+    prepare_only: bool = False  # true: build the vocabulary and encode the data into run_dir, then exit
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=lambda: DataConfig(dataset="wmt/wmt14", subset="de-en"))
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.data.vocab != "transfer" or bool(self.init_from),
+                 "data.vocab=transfer needs init_from=<checkpoint or run_dir>: the model whose embeddings are "
+                 "carried over")
+        deepest = max(self.model.encoder_layers, self.model.decoder_layers)
+        top = self.train.train_top_layers
+        _require(top is None or 0 <= top <= deepest,
+                 f"train.train_top_layers={top} must be null (train every layer) or an integer from 0 to {deepest} "
+                 f"(the model has {self.model.encoder_layers} encoder and {self.model.decoder_layers} decoder layers)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TranslateJob:
+    """Everything translate.py reads (configs/translate.yaml)."""
+
+    checkpoint: Any = None  # a run directory, a .pt file, or a list of them (an ensemble)
+    input: Optional[str] = None  # null: stdin
+    output: Optional[str] = None  # null: stdout
+    device: str = "auto"
+    quiet: bool = False  # true: warnings only on stderr, no progress bar
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.checkpoint is not None and self.checkpoint != [],
+                 "give checkpoint=<run_dir or .pt> (or checkpoint=[a.pt,b.pt] for an ensemble)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluateJob:
+    """Everything evaluate.py reads (configs/evaluate.yaml)."""
+
+    checkpoint: Any = None  # a run directory, a .pt file, or a list of them
+    testset: Optional[str] = None  # sacreBLEU name, e.g. wmt14/full (newstest2014) or wmt13 (newstest2013)
+    langpair: Optional[str] = None  # null: <src>-<tgt> of the checkpoint
+    src: Optional[str] = None
+    ref: Optional[str] = None
+    hyp: Optional[str] = None  # score this translation instead of decoding
+    lang: Optional[str] = None  # target language for tokBLEU; null: the checkpoint's, else the ref's suffix
+    split: str = "auto"  # test → a Table 2 row, dev → a Table 3 row; auto: dev for newstest2013, else test
+    name: Optional[str] = None  # the row's model name; null: the run directory's name
+    out: Optional[str] = None  # where hypotheses and scores.json go; null: run_dir/eval/<test set>
+    table: Optional[str] = None  # Markdown table to append to; null: run_dir/eval/table.md
+    device: str = "auto"
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def __post_init__(self) -> None:
+        _one_of("split", self.split, ("auto", "dev", "test"), " (dev: a Table 3 row, test: a Table 2 row)")
+
+
+JOBS = {"config": TrainJob, "translate": TranslateJob, "evaluate": EvaluateJob}
+
+
+# ---------------------------------------------------------------------------------------------- Hydra
+
+
+def _schema(obj) -> DictConfig:
+    """`OmegaConf.structured(obj)` with its type checks, but writable: Hydra merges the YAML files and the
+    overrides into the schema, which OmegaConf marks read-only (every node) for a frozen dataclass."""
+    node = OmegaConf.structured(obj)
+
+    def writable(config: DictConfig) -> None:
+        OmegaConf.set_readonly(config, None)
+        for key in config:
+            child = config._get_node(key)
+            if isinstance(child, DictConfig):
+                writable(child)
+
+    writable(node)
+    return node
+
+
+def register() -> None:
+    """Register the schemas (`<job>_schema`, e.g. `config_schema`, first in each job's defaults list), the
+    model presets (`model=base`, `model=big`) with Hydra's ConfigStore, and the `sweep_dir` resolver of
+    configs/app.yaml. Idempotent."""
+    from hydra.core.config_store import ConfigStore
+
+    if not OmegaConf.has_resolver("sweep_dir"):  # configs/app.yaml: where a multirun writes multirun.yaml
+        OmegaConf.register_new_resolver("sweep_dir", lambda run_dir: run_dir or "runs")
+    store = ConfigStore.instance()
+    for name, job in JOBS.items():
+        store.store(name=f"{name}_schema", node=_schema(job))
+    for name, preset in MODEL_PRESETS.items():
+        store.store(group="model", name=name, node=_schema(preset))
+
+
+def to_job(cfg: DictConfig, job: str = "config"):
+    """The composed config as its job's frozen dataclass; range checks raise a one-line ConfigError."""
+    container = OmegaConf.to_container(cfg, resolve=True)
+    for key in ("choices", "job_num"):  # added by transformer/cli.py for naming runs
+        container.pop(key, None)
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(_schema(JOBS[job]), container))
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as error:  # e.g. a dataclass refusing a key: name it in one line
+        raise ConfigError(str(error).splitlines()[0]) from None
