@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -182,7 +182,8 @@ class Window:
     device: torch.device
     sums: torch.Tensor = None  # [loss, nll, tokens, updates], float64, all-reduced at each report
     seconds: float = 0.0
-    stats: dict = field(default_factory=dict)
+    lr: float = 0.0  # of the latest update
+    gnorm: torch.Tensor | float = 0.0  # its gradient norm (a tensor: read only when logged, no host sync per step)
 
     def __post_init__(self) -> None:
         self.sums = torch.zeros(4, dtype=torch.float64, device=self.device)
