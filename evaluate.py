@@ -11,7 +11,6 @@ a row is appended to `table` (default run_dir/eval/table.md) in the layout of th
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
@@ -24,7 +23,7 @@ from transformer.cli import ConfigError, compose_config, hydra_app, pick_device,
 from transformer.config import EvaluateJob, to_job
 from transformer.kernels import keep_freed_memory
 from transformer.scoring import append_table_row, load_testset, read_lines, sacrebleu_scores, training_flops
-from transformer.translation import Translator, corpus_nll
+from transformer.translation import Translator, corpus_nll, write_results
 
 log = logging.getLogger("evaluate")
 
@@ -113,9 +112,7 @@ def run(cfg: DictConfig) -> int:
     run_dir = ckpt.run_dir_of(path) if path is not None else None
     out = Path(job.out) if job.out else (run_dir / "eval" / set_name if run_dir else None)
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        ckpt.atomic_write(out / "hyp.txt", "".join(h + "\n" for h in hypotheses))
-        ckpt.atomic_write(out / "scores.json", json.dumps(results, indent=2) + "\n")
+        write_results(out, hypotheses, results)
         log.info("wrote %s and %s", out / "hyp.txt", out / "scores.json")
     table = Path(job.table) if job.table else (run_dir / "eval" / "table.md" if run_dir else None)
     if table is not None:

@@ -1,8 +1,7 @@
 """Train the Transformer: `python train.py [key=value ...]`, or under `torchrun` for DDP.
 
-Reads top to bottom: where the run starts (resume, init_from, vocabulary), the live objects of a run, one
-update, validation, then `train()`: set up → start or resume → loop → finish. The config schema is
-transformer/config.py; the pieces live in `transformer/` and `data/`.
+Reads top to bottom: the live objects of a run (`build`), one update, validation, then `train()`: set up →
+start or resume → loop → finish. The config schema is transformer/config.py; the pieces are in transformer/.
 
     python train.py                                   # the paper's base model on WMT14 EN-DE
     python train.py experiment=quickstart             # a small model on the generated corpus, on a CPU
@@ -15,85 +14,65 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import math
-import os
 import sys
 import time
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.utils.tensorboard import SummaryWriter
 
 from data.batching import BatchStream, collate
 from data.pipeline import Prepared, prepare
 from data.quickstart_corpus import write_corpus
-from data.vocab import Vocab
 from transformer import checkpoint as ckpt
 from transformer import distributed, finetune
 from transformer.checkpoint import TrainState
 from transformer.cli import ConfigError, compose_config, hydra_app, pick_device, setup_logging
 from transformer.config import TrainJob, to_job
-from transformer.kernels import keep_freed_memory, warn_if_emulated
+from transformer.kernels import keep_freed_memory
 from transformer.loss import label_smoothed_nll
 from transformer.model import Transformer, TransformerConfig
-from transformer.schedule import make_optimizer, noam_lambda
-from transformer.training import (Run, StopRequest, Window, dropout_seed, log_window, print_summary, provenance,
-                                  resume_or_initialise)
-from transformer.translation import corpus_nll, split_bleu
+from transformer.schedule import make_optimizer, make_scheduler
+from transformer.training import (Run, StopRequest, Window, agree, dropout_seed, log_window, mixed_precision,
+                                  keep_best, plan_update, print_summary, resolve_run_dir,
+                                  resume_or_initialise, start_fingerprint, user_error, write_run_record)
+from transformer.translation import corpus_nll, split_bleu, write_results
 
 log = logging.getLogger("train")
 
 # ---------------------------------------------------------------------------------------------- set-up
 
 
-def resolve_run_dir(job: TrainJob, cfg: DictConfig) -> Path:
-    """`run_dir`, or runs/<experiment or model>-<data>; a multirun job gets `<that>/<job number>`."""
-    choices = cfg.get("choices", {})
-    base = Path(job.run_dir) if job.run_dir else Path("runs") / (
-        f"{choices.get('experiment') or choices.get('model', 'base')}-{choices.get('data', 'data')}")
-    return base / str(cfg.job_num) if cfg.get("job_num") is not None else base
-
-
-
-
 def build(job: TrainJob, dist, device, run_dir: Path, start, data: Prepared) -> Run:
     """The model (initialised, from init_from, or resumed), its optimizer, schedule, precision and data order."""
-    t = job.train
-    update_freq = t.update_freq or max(1, round(t.tokens_per_update / (dist.world_size * t.max_tokens)))
-    stream = BatchStream(data.train.src_lengths, data.train.tgt_lengths, max_tokens=t.max_tokens, seed=job.seed,
-                         world_size=dist.world_size, rank=dist.rank, update_freq=update_freq)
+    t, saved = job.train, TrainState.read(start.resume) if start.resume is not None else None
+    plan, warning = plan_update(tokens_per_update=t.tokens_per_update, world_size=dist.world_size,
+                                max_tokens=t.max_tokens, update_freq=t.update_freq, saved=saved)
+    if warning:
+        log.warning("%s", warning)
+    stream = BatchStream(data.train.src_lengths, data.train.tgt_lengths, max_tokens=plan.max_tokens, seed=job.seed,
+                         world_size=dist.world_size, rank=dist.rank, update_freq=plan.update_freq)
     if stream.skipped:
-        log.warning("%d training pairs are longer than train.max_tokens=%d and are skipped", stream.skipped,
-                    t.max_tokens)
+        log.warning("%d training pairs are longer than a pass's budget (%d tokens; train.max_tokens=%d) and are "
+                    "skipped", stream.skipped, plan.max_tokens, t.max_tokens)
     torch.manual_seed(job.seed)
     model = Transformer(TransformerConfig(vocab_size=data.vocab.size, **dataclasses.asdict(job.model))).to(device)
-    if start.init is not None:
-        old = Vocab.from_bytes(ckpt.spm_bytes(start.init))
-        pieces = {} if job.data.vocab == "keep" else {"old_pieces": old.pieces(range(old.size)),
-                                                      "new_pieces": data.vocab.pieces(range(data.vocab.size))}
-        transfer = finetune.load_pretrained(model, start.init["model"], source=f"init_from={job.init_from}", **pieces)
-        log.info("initialised from %s%s", job.init_from, f"; data.vocab=transfer: {transfer.summary()}" if transfer else "")
-    frozen = finetune.freeze(model, parts=t.freeze, train_top_layers=t.train_top_layers)
-    if frozen:
-        log.info("%s", finetune.describe_frozen(model, frozen))
-    optimizer = make_optimizer(finetune.trainable(model))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, noam_lambda(d_model=job.model.d_model, warmup_steps=t.warmup_steps, lr_scale=t.lr_scale))
-    warn_if_emulated(t.precision, device.type)
-    autocast = (torch.autocast(device.type, dtype=torch.bfloat16 if t.precision == "bf16" else torch.float16)
-                if t.precision != "fp32" else contextlib.nullcontext())
-    scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
-    state = TrainState(world_size=dist.world_size, update_freq=update_freq, device=device.type)
+    optimizer = make_optimizer(finetune.set_up(
+        model, start.init, init_from=job.init_from, vocab_mode=job.data.vocab, vocab=data.vocab,
+        freeze_parts=t.freeze, train_top_layers=t.train_top_layers))
+    scheduler = make_scheduler(optimizer, d_model=job.model.d_model, warmup_steps=t.warmup_steps, lr_scale=t.lr_scale)
+    autocast, scaler = mixed_precision(t.precision, device)
+    state = TrainState(world_size=dist.world_size, update_freq=plan.update_freq, max_tokens=plan.max_tokens,
+                       device=device.type)
     if start.resume is not None:
-        saved = ckpt.load_training(start.resume, start.resume_path, model=model, optimizer=optimizer,
-                                   scheduler=scheduler, scaler=scaler, stream=stream)
-        if saved.world_size * saved.update_freq != dist.world_size * update_freq:
-            log.warning("world_size × update_freq changed (%d×%d → %d×%d): the batch sequence differs from the "
-                        "original run's", saved.world_size, saved.update_freq, dist.world_size, update_freq)
-        state = dataclasses.replace(saved, world_size=dist.world_size, update_freq=update_freq, device=device.type)
+        ckpt.load_training(start.resume, start.resume_path, model=model, optimizer=optimizer, scheduler=scheduler,
+                           scaler=scaler, stream=stream)
+        state = dataclasses.replace(saved, world_size=dist.world_size, update_freq=plan.update_freq,
+                                    max_tokens=plan.max_tokens, device=device.type)
+    distributed.check_same_start(start_fingerprint(model, optimizer, state, stream, data.vocab), device=device)
     train_model = model
     if dist.world_size > 1:
         train_model = torch.nn.parallel.DistributedDataParallel(
@@ -101,9 +80,10 @@ def build(job: TrainJob, dist, device, run_dir: Path, start, data: Prepared) -> 
             broadcast_buffers=False)  # the only buffer is the fixed sinusoid table
     if t.compile:
         train_model = torch.compile(train_model)
-    log.info("model: %s, %.1fM parameters; %d rank(s) × update_freq %d × max_tokens %d; device %s, %s",
-             model.config, sum(p.numel() for p in model.parameters()) / 1e6, dist.world_size, update_freq,
-             t.max_tokens, device, t.precision)
+    log.info("model: %s, %.1fM parameters; update: %d rank(s) × update_freq %d × max_tokens %d = %d tokens "
+             "(train.tokens_per_update=%d); device %s, %s", model.config,
+             sum(p.numel() for p in model.parameters()) / 1e6, dist.world_size, plan.update_freq, plan.max_tokens,
+             plan.tokens, t.tokens_per_update, device, t.precision)
     return Run(job=job, dist=dist, device=device, run_dir=run_dir, data=data, stream=stream, model=model,
                train_model=train_model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, autocast=autocast,
                state=state, writer=SummaryWriter(str(run_dir / "tensorboard")) if dist.is_main else None)
@@ -111,24 +91,26 @@ def build(job: TrainJob, dist, device, run_dir: Path, start, data: Prepared) -> 
 
 # ------------------------------------------------------------------------------------------------ an update
 
+MIN_LOSS_SCALE = 1e-4  # fp16: below this GradScaler scale, an overflow is divergence, not calibration (fairseq's)
 
-def train_step(run: Run, window: Window, stop: StopRequest) -> bool:
-    """One update: `update_freq` forward/backward passes per rank, then one optimizer step. False (and
-    nothing trained) when any rank received a stop signal: every rank stops at the same update."""
+
+def train_step(run: Run, window: Window, stop: StopRequest) -> str:
+    """One update: `update_freq` forward/backward passes per rank, then one optimizer step; "update".
+    "stop" (and nothing trained) when any rank received a stop signal: every rank stops at the same update.
+
+    A non-finite gradient norm skips the optimizer step. In fp16 that is GradScaler calibrating its loss scale
+    (it halves it): "overflow", the update does not count (neither the update number nor the lr schedule
+    moves) until the scale falls below MIN_LOSS_SCALE. Otherwise it counts towards train.max_nonfinite.
+    """
     started, position = time.monotonic(), run.stream.state_dict()
     batches = [(slot, collate(run.data.train.dataset, rows, device=run.device)) for slot, rows in run.stream.next_update()]
-    # The global target-token count divides the summed loss; the stop flag rides along.
-    counts = torch.tensor([sum(b.tgt_tokens for _, b in batches), float(stop.requested)], dtype=torch.float64,
-                          device=run.device)
-    distributed.all_reduce_sum(counts)
-    global_tokens, stop_votes = counts.tolist()
-    if stop_votes:
+    global_tokens, stopping = agree(run, sum(b.tgt_tokens for _, b in batches), stop.requested)
+    if stopping:
         run.stream.load_state_dict(position)  # this update's batches were not trained on
-        return False
-    state, world = run.state, run.dist.world_size
-    state.step += 1
+        return "stop"
+    state, world, step, losses = run.state, run.dist.world_size, run.state.step + 1, []
     for i, (slot, batch) in enumerate(batches):
-        torch.manual_seed(dropout_seed(run.job.seed, state.step, slot))
+        torch.manual_seed(dropout_seed(run.job.seed, step, slot))
         last = i == len(batches) - 1
         with run.train_model.no_sync() if world > 1 and not last else contextlib.nullcontext():  # one all-reduce
             with run.autocast:
@@ -137,30 +119,34 @@ def train_step(run: Run, window: Window, stop: StopRequest) -> bool:
                                            ignore_index=run.model.config.pad_id)
             # DDP averages gradients over ranks; × world_size turns that into the global sum.
             run.scaler.scale(loss * (world / global_tokens)).backward()
-        window.add(loss, nll)
-    state.train_tokens += int(global_tokens)
+        losses.append((loss, nll))
     run.scaler.unscale_(run.optimizer)
     clip = run.job.train.clip_norm if run.job.train.clip_norm > 0 else math.inf
     window.gnorm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), clip)
-    if torch.isfinite(window.gnorm):
+    finite, scale = bool(torch.isfinite(window.gnorm)), run.scaler.get_scale() if run.scaler.is_enabled() else 1.0
+    if finite:
         run.scaler.step(run.optimizer)
-        state.nonfinite = 0
-    else:
-        state.nonfinite += 1
-        log.warning("update %d: non-finite gradient norm, skipped (%d in a row)", state.step, state.nonfinite)
-        if state.nonfinite >= run.job.train.max_nonfinite:
-            run.save(ckpt.checkpoint_dir(run.run_dir) / f"diagnostic-{state.step:08d}.pt", kind="diagnostic")
-            raise ConfigError(f"{state.nonfinite} updates in a row had non-finite gradients (last: update "
-                              f"{state.step}); a diagnostic checkpoint is in run_dir/checkpoints: lower the "
-                              "learning rate (train.lr_scale), use train.precision=fp32 or set train.clip_norm")
     run.scaler.update()
+    run.optimizer.zero_grad(set_to_none=True)
+    if not finite and run.scaler.is_enabled() and scale >= MIN_LOSS_SCALE:
+        log.info("update %d: fp16 overflow, loss scale %g → %g; the update is not counted", step, scale,
+                 run.scaler.get_scale())
+        return "overflow"
+    state.step, state.train_tokens = step, state.train_tokens + int(global_tokens)
+    state.nonfinite = 0 if finite else state.nonfinite + 1
+    if not finite:
+        log.warning("update %d: non-finite gradient norm, skipped (%d in a row)", step, state.nonfinite)
+        if state.nonfinite >= run.job.train.max_nonfinite:
+            run.save(ckpt.checkpoint_dir(run.run_dir) / f"diagnostic-{step:08d}.pt", kind="diagnostic")
+            raise ConfigError(f"{state.nonfinite} updates in a row had non-finite gradients (last: update {step}); "
+                              "a diagnostic checkpoint is in run_dir/checkpoints: lower the learning rate "
+                              "(train.lr_scale), use train.precision=fp32 or set train.clip_norm")
     window.lr = run.scheduler.get_last_lr()[0]  # this update's lr; after step() it is the next update's
     run.scheduler.step()
-    run.optimizer.zero_grad(set_to_none=True)
     seconds = time.monotonic() - started
     state.train_seconds += seconds
-    window.end_update(global_tokens / world, seconds)
-    return True
+    window.end_update(losses, global_tokens / world, seconds)
+    return "update"
 
 
 # ------------------------------------------------------------------------------------ logging, validation
@@ -168,7 +154,7 @@ def train_step(run: Run, window: Window, stop: StopRequest) -> bool:
 
 def validate(run: Run) -> dict[str, float]:
     """Loss, NLL and perplexity of the validation split (all ranks), and BLEU of its first
-    `train.valid_bleu_lines` lines (rank 0); updates best/stale and writes best.pt."""
+    `train.valid_bleu_lines` lines (rank 0); updates best and stale on every rank, and best.pt."""
     t, valid, state = run.job.train, run.data.valid.dataset, run.state
     metrics = corpus_nll(run.model, valid["src_ids"], valid["tgt_ids"], max_tokens=t.max_tokens, device=run.device,
                          label_smoothing=t.label_smoothing, autocast=run.autocast, rank=run.dist.rank,
@@ -179,30 +165,24 @@ def validate(run: Run) -> dict[str, float]:
                                    lang=run.job.data.tgt_lang, device=run.device)
         metrics["bleu"] = next(s.score for s in scores if s.name == "BLEU")
         samples = zip(rows["src"][: t.num_samples], texts, rows["tgt"][: t.num_samples])
-        if run.writer:
-            run.writer.add_text("valid/samples", "\n\n".join(f"src: {s}  \nhyp: {h}  \nref: {r}"
-                                                             for s, h, r in samples), state.step)
+        run.writer.add_text("valid/samples", "\n\n".join(f"src: {s}  \nhyp: {h}  \nref: {r}"
+                                                         for s, h, r in samples), state.step)
     log.info("validation at update %d | %s", state.step, " | ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
     for key, value in metrics.items() if run.writer else ():
         run.writer.add_scalar(f"valid/{key}", value, state.step)
-    if t.best_metric in metrics:
-        value = metrics[t.best_metric]
-        if state.best is None or (value > state.best if t.best_metric == "bleu" else value < state.best):
-            state.best, state.stale = value, 0
-            run.save(ckpt.best_path(run.run_dir))
-        else:
-            state.stale += 1
+    keep_best(run, metrics)
     return metrics
 
 
 def stop_reason(run: Run) -> str | None:
-    """Which of max_steps, max_epochs, max_time and patience ends training now, or None."""
+    """Which of max_steps, max_epochs, max_time and patience ends training now, or None: the same answer on
+    every rank (the update, the data position and rank 0's validation and clock are shared)."""
     t, state = run.job.train, run.state
     if t.max_steps and state.step >= t.max_steps:
         return f"max_steps={t.max_steps}"
     if t.max_epochs and run.stream.epoch >= t.max_epochs:
         return f"max_epochs={t.max_epochs}"
-    if t.max_time and state.train_seconds >= t.max_time:
+    if t.max_time and run.clock.train_seconds >= t.max_time:
         return f"max_time={t.max_time}s"
     if t.patience and state.stale >= t.patience:
         return f"no better {t.best_metric} in {state.stale} validations (patience)"
@@ -222,14 +202,7 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest) -> int:
     if not dist.is_main:
         logging.getLogger().setLevel(logging.WARNING)
     device = pick_device(job.device, dist.local_rank)
-    for directory in (run_dir, ckpt.checkpoint_dir(run_dir)):  # fail now, not at the first save
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise ConfigError(f"cannot create {directory}: {error.strerror or error}; choose another run_dir") from None
-    if dist.is_main:
-        for stale in ckpt.remove_temporaries(run_dir):
-            log.warning("removed %s, left by a checkpoint write that was interrupted", stale)
+    ckpt.make_run_dir(run_dir, clean=dist.is_main)
 
     # 2. Start or resume: the checkpoint, the vocabulary, the data.
     start = resume_or_initialise(job, run_dir)
@@ -244,20 +217,20 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest) -> int:
         return 0
     run = build(job, dist, device, run_dir, start, data)
     if dist.is_main:
-        OmegaConf.save(OmegaConf.create(dataclasses.asdict(job)), run_dir / "config.yaml")
-        record = provenance(world_size=dist.world_size, update_freq=run.state.update_freq,
-                            max_tokens=job.train.max_tokens, argv=argv)
-        ckpt.atomic_write(run_dir / "provenance.json", json.dumps(record, indent=2) + "\n")
+        write_run_record(run, argv)
 
     # 3. The loop: train; log; validate and save. A finished run started again trains no further update.
-    t, window, last_save = job.train, Window(device), time.monotonic()
+    t, window = job.train, Window(device)
     reason = stop_reason(run)
     run.model.train()
     while reason is None:
-        if not train_step(run, window, stop):
+        outcome = train_step(run, window, stop)
+        if outcome == "stop":
             reason = "a stop signal"
             break
         step = run.state.step
+        if outcome == "overflow":
+            continue
         if step % t.log_every_steps == 0:
             log_window(run, window)
         reason = stop_reason(run)
@@ -266,14 +239,12 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest) -> int:
             reason = reason or stop_reason(run)
         if step % t.save_every_steps == 0 or reason is not None:
             run.save_numbered()
-            last_save = time.monotonic()
-        elif t.save_every_minutes and time.monotonic() - last_save >= 60 * t.save_every_minutes:
-            run.save(ckpt.last_path(run_dir))
-            last_save = time.monotonic()
+        elif t.save_every_minutes and run.clock.since_save >= 60 * t.save_every_minutes:
+            run.save_last()
 
     # 4. Finish: the averaged checkpoint, the test translation, where everything is.
     if reason == "a stop signal":
-        run.save(ckpt.last_path(run_dir))
+        run.save_last()
         log.info("stopped by a signal at update %d; run the same command to resume", run.state.step)
     else:
         log.info("training stopped at update %d: %s", run.state.step, reason)
@@ -300,9 +271,7 @@ def finish(run: Run, argv: list[str]) -> None:
         log.info("translating the %d test sentences with beam %d", len(test), job.decode.beam)
         scores, texts = split_bleu(run.model, run.data.vocab, test["src_ids"], test["tgt"], job.decode,
                                    lang=job.data.tgt_lang, device=run.device)
-        out = run_dir / "eval" / "test"
-        ckpt.atomic_write(out / "hyp.txt", "".join(line + "\n" for line in texts))
-        ckpt.atomic_write(out / "scores.json", json.dumps({s.name: s.as_dict() for s in scores}, indent=2) + "\n")
+        write_results(run_dir / "eval" / "test", texts, {s.name: s.as_dict() for s in scores})
         for score in scores:
             print(score.line, flush=True)
         for src, hyp, ref in list(zip(test["src"], texts, test["tgt"]))[:3]:
@@ -315,14 +284,8 @@ def run_training(cfg: DictConfig, argv: list[str] | None = None) -> int:
     with StopRequest() as stop:
         try:
             return train(cfg, sys.argv[1:] if argv is None else argv, stop)
-        except torch.OutOfMemoryError as error:
-            rank = os.environ.get("RANK")
-            detail = " ".join(str(error).split())[:160]
-            raise ConfigError(f"out of memory{f' on rank {rank}' if rank else ''} ({detail}): lower train.max_tokens "
-                              "(raise train.update_freq to keep the update size), then run the same command "
-                              "to resume") from None
-        except Exception as error:  # under torchrun: a collective that lost its peers is one line, not a traceback
-            failure = distributed.peer_failure(error)
+        except Exception as error:
+            failure = user_error(error)
             if failure is None:
                 raise
             raise failure from None

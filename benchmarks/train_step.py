@@ -25,12 +25,12 @@ from __future__ import annotations
 import _common as common
 import contextlib
 import time
-from pathlib import Path
+from functools import partial
 
 import torch
 
-from _common import (ROOT, alternate, describe, load_average, load_remark, machine, marian_model, matmul_peak,
-                     median, model_configs, print_profile, random_tokens, table, versions, write_section)
+from _common import (alternate, describe, load_average, load_remark, machine, marian_model, matmul_peak, median,
+                     model_configs, print_profile, random_tokens, table, versions, write_section)
 from transformer.loss import label_smoothed_nll
 from transformer.kernels import _ONEDNN_LINEAR, _onednn
 from transformer.model import Transformer, TransformerConfig
@@ -129,7 +129,7 @@ def cpu_section(args) -> str:
         engines = Engines(config, batch=64, src_len=32, tgt_len=32, device=device)
         flops = step_flops(config, 64, 32, 32)
         for precision in ("fp32", "bf16"):
-            times = alternate({e: (lambda e=e: engines.step(e, precision)) for e in ("ours", "marian")},
+            times = alternate({e: partial(engines.step, e, precision) for e in ("ours", "marian")},
                               device=device, warmup=args.warmup, repeats=args.repeats)
             t_ours, t_marian = median(times["ours"]), median(times["marian"])
             ratio = t_marian / t_ours
@@ -199,7 +199,7 @@ def gpu_section(args) -> str:
         for engine in ("ours", "marian"):  # alone, so that each peak memory is its own
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-            times = alternate({engine: lambda e=engine: engines.step(e, "bf16")}, device=device,
+            times = alternate({engine: partial(engines.step, engine, "bf16")}, device=device,
                               warmup=args.warmup + 2, repeats=max(args.repeats, 10))[engine]
             measured[engine] = (median(times), torch.cuda.max_memory_allocated(device) / 2**30)
         (t_ours, mem_ours), (t_marian, mem_marian) = measured["ours"], measured["marian"]

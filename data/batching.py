@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import datasets
@@ -65,36 +65,17 @@ class BatchStream:
 
     def __init__(self, src_lens, tgt_lens, *, max_tokens: int, seed: int, world_size: int = 1, rank: int = 0,
                  update_freq: int = 1):
-        batches, skipped = batch_by_size(src_lens, tgt_lens, max_tokens)
-        if not batches:
-            raise DataError(f"no training batch: all {skipped} pairs are longer than train.max_tokens={max_tokens}")
-        self._setup(batches, seed=seed, world_size=world_size, rank=rank, update_freq=update_freq)
-        self.skipped = skipped
-
-    @classmethod
-    def from_batches(cls, batches: Sequence[np.ndarray], *, seed: int, world_size: int = 1, rank: int = 0,
-                     update_freq: int = 1) -> BatchStream:
-        """A stream over given batches (e.g. from `batch_by_size`)."""
-        if not batches:
-            raise ValueError("no batches")
-        stream = cls.__new__(cls)
-        stream._setup(list(batches), seed=seed, world_size=world_size, rank=rank, update_freq=update_freq)
-        stream.skipped = 0
-        return stream
-
-    def _setup(self, batches: list[np.ndarray], *, seed: int, world_size: int, rank: int, update_freq: int) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
         if update_freq < 1:
             raise ValueError(f"update_freq must be >= 1, got {update_freq}")
-        self.batches = batches
+        batches, skipped = batch_by_size(src_lens, tgt_lens, max_tokens)
+        if not batches:
+            raise DataError(f"no training batch: all {skipped} pairs are longer than train.max_tokens={max_tokens}")
+        self.batches, self.skipped = batches, skipped
         self.seed, self.world_size, self.rank, self.update_freq = seed, world_size, rank, update_freq
         self._epoch, self._offset = 0, 0
         self._order: tuple[int, np.ndarray] | None = None
-
-    @property
-    def batches_per_epoch(self) -> int:
-        return len(self.batches)
 
     @property
     def epoch(self) -> int:

@@ -25,6 +25,7 @@ import numpy as np
 
 from data.errors import DataError
 from transformer.checkpoint import atomic_write
+from transformer.errors import one_line
 from data.vocab import Vocab
 
 HUB_UNREACHABLE = "the hub cannot be reached; use data.dataset=<local dir> or experiment=quickstart"
@@ -210,9 +211,9 @@ def _load_hub(source: HubSource, *, cache_dir: Path, hashes: FileHashes) -> data
         if configs and source.subset not in configs:
             raise DataError(f"subset {source.subset!r} not found in {source.name}; it has: {', '.join(configs)} "
                             "(set data.subset)") from None
-        raise DataError(f"cannot load {where}: {_one_line(e)}") from None
+        raise DataError(f"cannot load {where}: {one_line(e, limit=240)}") from None
     except OSError as e:  # e.g. an HTTP error from the hub (gated dataset, rate limit)
-        raise DataError(f"cannot load {where}: {_one_line(e)}") from None
+        raise DataError(f"cannot load {where}: {one_line(e, limit=240)}") from None
     if source.split not in splits:
         raise DataError(f"split '{source.split}' not found in {where}; it has: {', '.join(splits)}")
     ds = splits[source.split]
@@ -246,10 +247,6 @@ def _check_hub_reachable(timeout: float = 5.0) -> None:
         socket.create_connection((endpoint.hostname, port), timeout=timeout).close()
     except OSError:
         raise DataError(HUB_UNREACHABLE) from None
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 # --------------------------------------------------------------------------------------------- cleaning
@@ -401,7 +398,7 @@ class _Encoder:
 
     def __call__(self, src: list[str], tgt: list[str]) -> dict:
         if self._sp is None:
-            import sentencepiece as spm
+            import sentencepiece as spm  # here: in the worker process that unpickled this object
 
             self._sp = spm.SentencePieceProcessor(model_proto=self.model_proto)
         src = [s.strip() for s in src]

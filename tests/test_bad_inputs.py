@@ -35,7 +35,8 @@ from test_train import ROOT, Corpus, corpus, subprocess_env, train_main  # noqa:
 import evaluate  # noqa: E402
 import translate  # noqa: E402
 from transformer import checkpoint as ckpt  # noqa: E402
-from transformer.cli import one_line, user_errors  # noqa: E402
+from transformer.cli import user_errors  # noqa: E402
+from transformer.errors import one_line  # noqa: E402
 
 # ------------------------------------------------------------------------------------------ the workspace
 
@@ -276,7 +277,7 @@ def _(ws):
     return next(line for line in log.splitlines() if "data: train:" in line).split("data: ")[1]
 
 
-@case("data", "a 1 MB line with data.max_len=null", "longer than train.max_tokens=512 and are skipped")
+@case("data", "a 1 MB line with data.max_len=null", "longer than a pass's budget (512 tokens; train.max_tokens=512) and are skipped")
 def _(ws):
     src, tgt = normal_pairs(ws)
     prefix = ws.parallel(src + b"word " * 200_000 + b"\n", tgt + b"wort " * 200_000 + b"\n")

@@ -58,7 +58,7 @@ def test_the_architecture_keys_are_the_model_dataclass_fields():
     ("train.precision=fp8", "train.precision=fp8 is not one of fp32, bf16, fp16"),
 ])
 def test_a_wrong_type_an_unknown_key_or_a_bad_value_is_refused_naming_the_key(override, message):
-    from transformer.cli import one_line
+    from transformer.errors import one_line
 
     with pytest.raises(Exception) as error:
         job(override)

@@ -256,7 +256,7 @@ def test_pair_over_the_budget_is_skipped_and_counted_not_truncated():
 def test_every_pair_is_used_once_per_epoch():
     src, tgt = random_lengths(3000)
     stream = BatchStream(src, tgt, max_tokens=700, seed=5, update_freq=3)
-    n = stream.batches_per_epoch
+    n = len(stream.batches)
     seen = []
     while stream.epoch < 2:
         for _, indices in stream.next_update():
@@ -283,10 +283,9 @@ def flat(stream: BatchStream, updates: int):
 
 def test_n_ranks_times_k_passes_consume_the_batches_of_one_rank_times_nk():
     src, tgt = random_lengths(2000)
-    batches, _ = batch_by_size(src, tgt, 600)
-    single = flat(BatchStream.from_batches(batches, seed=3, world_size=1, rank=0, update_freq=6), updates=20)
+    single = flat(BatchStream(src, tgt, max_tokens=600, seed=3, world_size=1, rank=0, update_freq=6), updates=20)
     for world, k in [(2, 3), (3, 2), (6, 1)]:
-        ranks = [BatchStream.from_batches(batches, seed=3, world_size=world, rank=r, update_freq=k)
+        ranks = [BatchStream(src, tgt, max_tokens=600, seed=3, world_size=world, rank=r, update_freq=k)
                  for r in range(world)]
         dealt = []
         for _ in range(20):
@@ -298,8 +297,7 @@ def test_n_ranks_times_k_passes_consume_the_batches_of_one_rank_times_nk():
 
 
 def test_updates_cross_the_epoch_boundary_without_partial_updates():
-    batches = [np.array([i]) for i in range(10)]
-    stream = BatchStream.from_batches(batches, seed=0, update_freq=4)
+    stream = BatchStream([1] * 10, [1] * 10, max_tokens=2, seed=0, update_freq=4)  # ten one-pair batches
     updates = [stream.next_update() for _ in range(3)]
     assert all(len(u) == 4 for u in updates)
     assert stream.epoch == 1 and stream.offset == 2
@@ -310,14 +308,13 @@ def test_updates_cross_the_epoch_boundary_without_partial_updates():
 @pytest.mark.parametrize("resume_world,resume_k", [(1, 4), (2, 2)])
 def test_resume_from_a_saved_position_continues_with_the_same_batches(resume_world, resume_k):
     src, tgt = random_lengths(2000)
-    batches, _ = batch_by_size(src, tgt, 700)
-    uninterrupted = flat(BatchStream.from_batches(batches, seed=9, update_freq=4), updates=30)
-    first = BatchStream.from_batches(batches, seed=9, update_freq=4)
+    uninterrupted = flat(BatchStream(src, tgt, max_tokens=700, seed=9, update_freq=4), updates=30)
+    first = BatchStream(src, tgt, max_tokens=700, seed=9, update_freq=4)
     before = flat(first, updates=13)  # stops mid-epoch
     state = first.state_dict()
     assert 0 < state["offset"] and state == {"epoch": state["epoch"], "offset": state["offset"],
-                                             "batches_per_epoch": len(batches)}
-    resumed = [BatchStream.from_batches(batches, seed=9, world_size=resume_world, rank=r, update_freq=resume_k)
+                                             "batches_per_epoch": len(first.batches)}
+    resumed = [BatchStream(src, tgt, max_tokens=700, seed=9, world_size=resume_world, rank=r, update_freq=resume_k)
                for r in range(resume_world)]
     for s in resumed:
         s.load_state_dict(dict(state))
@@ -328,7 +325,7 @@ def test_resume_from_a_saved_position_continues_with_the_same_batches(resume_wor
 
 
 def test_restoring_a_position_from_other_batches_is_an_error():
-    stream = BatchStream.from_batches([np.array([0]), np.array([1])], seed=0)
+    stream = BatchStream([1, 1], [1, 1], max_tokens=2, seed=0)  # two one-pair batches
     with pytest.raises(DataError, match="batches per epoch"):
         stream.load_state_dict({"epoch": 0, "offset": 1, "batches_per_epoch": 3})
 

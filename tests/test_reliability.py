@@ -23,12 +23,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_train import (  # noqa: F401  (corpus is a fixture)
-    ROOT, Corpus, assert_training_states_equal, corpus, run, subprocess_env, train_main,
-)
+import test_train
+from test_train import ROOT, Corpus, assert_training_states_equal, run, subprocess_env, train_main
 
 import train  # noqa: E402
 from transformer import checkpoint as ckpt  # noqa: E402
+
+corpus = test_train.corpus  # test_train.py's module-scoped fixture, registered in this module as well
 
 # A launcher for train.py that injects one fault on one rank: FAULT=<kind>@<rank>:<update>. The fault fires
 # when that rank starts that update (train.dropout_seed is called once per forward pass with the update

@@ -11,7 +11,6 @@ one thread is also the fastest).
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import signal
@@ -143,23 +142,25 @@ def test_logged_learning_rate_follows_noam_formula(corpus, tmp_path):
 # ------------------------------------------------------------------------------------ update size, DDP
 
 
-@pytest.mark.parametrize(("max_tokens", "tokens_per_update", "update_freq", "expected"), [
-    (512, 1400, "null", 3),  # round(2.73)
-    (512, 1200, "null", 2),  # round(2.34)
-    (512, 100, "null", 1),   # round(0.2) = 0, at least one pass
-    (512, 1400, 2, 2),       # given explicitly: tokens_per_update is not used
+@pytest.mark.parametrize(("tokens_per_update", "update_freq", "expected", "budget"), [
+    (1400, "null", 3, 466),  # ceil(1400 / 512) passes of 1400 // 3 tokens
+    (1200, "null", 3, 400),
+    (100, "null", 1, 256),   # one pass, at least MIN_TOKENS (with a warning: the update is 2.6× the asked)
+    (1400, 2, 2, 512),       # given explicitly: max_tokens as it is, tokens_per_update not used
 ])
-def test_update_freq_derived_from_tokens_per_update(corpus, tmp_path, capsys, max_tokens, tokens_per_update,
-                                                    update_freq, expected):
-    last = run(corpus, tmp_path, {"train.max_tokens": max_tokens, "train.tokens_per_update": tokens_per_update,
+def test_update_plan_derived_from_tokens_per_update(corpus, tmp_path, capsys, tokens_per_update, update_freq,
+                                                   expected, budget):
+    last = run(corpus, tmp_path, {"train.max_tokens": 512, "train.tokens_per_update": tokens_per_update,
                                   "train.update_freq": update_freq, "train.max_steps": 1})
 
     record = json.loads((tmp_path / "provenance.json").read_text())
     assert record["world_size"] == 1
     assert record["update_freq"] == expected
-    assert record["max_tokens_per_update"] == expected * max_tokens
-    assert last["update_freq"] == expected
-    assert f"update_freq {expected} × max_tokens {max_tokens}" in capsys.readouterr().err
+    assert record["max_tokens_per_update"] == expected * budget
+    assert (last["update_freq"], last["max_tokens"]) == (expected, budget)
+    err = capsys.readouterr().err
+    assert f"update_freq {expected} × max_tokens {budget} = {expected * budget} tokens" in err
+    assert ("train.tokens_per_update=256 and scale the learning rate" in err) == (tokens_per_update == 100)
     # One update consumed exactly `expected` batches of the stream.
     assert last["data_state"]["epoch"] * last["data_state"]["batches_per_epoch"] + last["data_state"]["offset"] \
         == expected
@@ -331,6 +332,35 @@ def test_nonfinite_updates_are_skipped_then_abort(corpus, tmp_path, capsys, monk
     assert not same_weights(saved[2], saved[3])  # update 3 trained
     assert same_weights(saved[3], diagnostic)  # updates 4-6 were skipped
     assert adam_steps(saved[2]) == {1.0} and adam_steps(diagnostic) == {2.0}
+
+
+def test_fp16_overflows_calibrate_the_loss_scale_without_counting(corpus, tmp_path, capsys, monkeypatch):
+    """fp16: an overflow is GradScaler finding its scale: it halves the scale and the update is not counted
+    (no update number, no lr step, not towards max_nonfinite); the data moves on, as in fairseq."""
+    calls, real_loss = [], train.label_smoothed_nll
+
+    def overflowing_loss(logits, target, **kwargs):
+        loss, nll = real_loss(logits, target, **kwargs)
+        calls.append(None)
+        return (loss * float("inf") if len(calls) <= 3 else loss), nll
+
+    monkeypatch.setattr(train, "label_smoothed_nll", overflowing_loss)
+    last = run(corpus, tmp_path, {"train.precision": "fp16", "train.max_steps": 2, "train.max_nonfinite": 1})
+
+    err = capsys.readouterr().err
+    assert "update 1: fp16 overflow, loss scale 65536 → 32768; the update is not counted" in err
+    assert "update 1: fp16 overflow, loss scale 16384 → 8192" in err and "non-finite" not in err
+    assert last["step"] == 2 and last["scheduler"]["last_epoch"] == 2
+    assert last["scaler"]["scale"] == 8192.0
+    assert last["data_state"]["epoch"] * last["data_state"]["batches_per_epoch"] + last["data_state"]["offset"] == 5
+    assert {float(s["step"]) for s in last["optimizer"]["state"].values()} == {2.0}
+
+
+def test_fp32_run_resumes_in_fp16_with_a_fresh_loss_scale(corpus, tmp_path, capsys):
+    run(corpus, tmp_path, {"train.max_steps": 2})
+    resumed = run(corpus, tmp_path, {"train.max_steps": 3, "train.precision": "fp16"})
+    assert resumed["step"] == 3 and resumed["scaler"]["scale"] > 0
+    assert "has no fp16 loss scale (it was trained in another precision): starting at 65536" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------------------------- convergence

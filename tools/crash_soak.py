@@ -44,7 +44,8 @@ import torch  # noqa: E402
 
 import train  # noqa: E402
 from transformer import checkpoint as ckpt  # noqa: E402
-from transformer.cli import one_line, user_errors  # noqa: E402
+from transformer.cli import user_errors  # noqa: E402
+from transformer.errors import one_line  # noqa: E402
 
 CRASH_ENV = "TRANSFORMER_CRASH_AT"
 

@@ -38,6 +38,8 @@ from typing import Any, Callable
 
 import torch
 
+from transformer.errors import one_line
+
 FORMAT_VERSION = 1
 
 _NUMBERED = re.compile(r"step-(\d+)\.pt")
@@ -89,7 +91,8 @@ class TrainState:
     train_tokens: int = 0  # target tokens trained on, all ranks together
     nonfinite: int = 0  # updates in a row skipped for a non-finite gradient norm (train.max_nonfinite)
     world_size: int = 1  # of the run that wrote the checkpoint ...
-    update_freq: int = 1  # ... and its forward passes per update
+    update_freq: int = 1  # ... its forward passes per update ...
+    max_tokens: int = 0  # ... and each pass's token budget per rank (0: not recorded by older checkpoints)
     device: str = "cpu"  # cpu | cuda
 
     @classmethod
@@ -116,7 +119,11 @@ def load_training(checkpoint: dict, path, *, model: torch.nn.Module, optimizer, 
     load_model_state(model, checkpoint["model"], path, fix="use another run_dir, or delete that file")
     optimizer.load_state_dict(checkpoint["optimizer"])
     scheduler.load_state_dict(checkpoint["scheduler"])
-    scaler.load_state_dict(checkpoint["scaler"])
+    if checkpoint["scaler"] or not scaler.is_enabled():
+        scaler.load_state_dict(checkpoint["scaler"])
+    else:  # a bf16/fp32 run resumed with train.precision=fp16: its loss scale starts afresh
+        log.info("%s has no fp16 loss scale (it was trained in another precision): starting at %g", path,
+                 scaler.get_scale())
     stream.load_state_dict(checkpoint["data_state"])
     return TrainState.read(checkpoint)
 
@@ -259,7 +266,7 @@ def load(path: str | os.PathLike, map_location: Any = "cpu", *, mmap: bool = Fal
             warnings.filterwarnings("ignore", message="Detected pickle protocol")  # a raw pickle: we refuse it
             obj = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # truncated zips, EOF, bad offsets, refused globals: torch raises many types
-        detail = _summary(e)
+        detail = one_line(e, limit=160)
         if isinstance(e, pickle.UnpicklingError) and "global" in str(e).lower():
             raise CheckpointError(
                 f"refused to load {path}: it contains pickled code or objects that are not plain tensors "
@@ -283,18 +290,6 @@ def load(path: str | os.PathLike, map_location: Any = "cpu", *, mmap: bool = Fal
             "upgrade the framework"
         )
     return obj
-
-
-def _summary(error: Exception) -> str:
-    """The first sentence of an error's first meaningful line: torch's messages run to paragraphs."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    line = next((x for x in lines if "unsupported" in x.lower()), lines[0] if lines else "")
-    line = line.split(". ")[0].rstrip(".")
-    if len(line) < 12:  # e.g. KeyError('101') from a file that is not a checkpoint at all
-        line = f"{type(error).__name__} {line}".strip()
-    if len(line) > 160:
-        line = line[:157] + "..."
-    return line or type(error).__name__
 
 
 def spm_bytes(state: dict) -> bytes:
@@ -444,6 +439,19 @@ def prune(run_dir: str | os.PathLike, keep_last: int) -> list[Path]:
     return doomed
 
 
+def make_run_dir(run_dir: str | os.PathLike, *, clean: bool) -> None:
+    """Create run_dir and its checkpoints folder now, not at the first save, so a bad run_dir fails at once;
+    with `clean` (rank 0 only), delete what interrupted checkpoint writes left."""
+    for directory in (Path(run_dir), checkpoint_dir(run_dir)):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise CheckpointError(f"cannot create {directory}: {error.strerror or error}; choose another run_dir") \
+                from None
+    for stale in remove_temporaries(run_dir) if clean else ():
+        log.warning("removed %s, left by a checkpoint write that was interrupted", stale)
+
+
 def remove_temporaries(run_dir: str | os.PathLike) -> list[Path]:
     """Delete the temporary files of checkpoint writes that a crash interrupted (`.<name>.<hex>.tmp`);
     returns them. Call only while no other process writes checkpoints to this run directory."""
@@ -471,7 +479,7 @@ def load_model_state(model: torch.nn.Module, state_dict: dict, path: str | os.Pa
             model.load_state_dict(state_dict)
             return
         except (RuntimeError, TypeError, ValueError) as e:
-            problems = [_summary(e)]
+            problems = [one_line(e, limit=160)]
     raise CheckpointError(f"the weights in {path} do not fit the model ({'; '.join(problems)}): {fix}")
 
 

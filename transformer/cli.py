@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import hydra
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
@@ -24,8 +25,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from data.errors import DataError
 from transformer import config as schema
+from transformer.checkpoint import CheckpointError
 from transformer.config import ConfigError
+from transformer.distributed import PeerFailure
+from transformer.errors import one_line
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -34,10 +39,6 @@ log = logging.getLogger("transformer")
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """The exception types whose message is meant for the user (printed as one line, exit status 2)."""
-    from data.errors import DataError
-    from transformer.checkpoint import CheckpointError
-    from transformer.distributed import PeerFailure
-
     return (ConfigError, DataError, CheckpointError, PeerFailure, HydraException, OmegaConfBaseException)
 
 
@@ -79,25 +80,6 @@ def setup_logging(*, quiet: bool = False) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def one_line(error: BaseException) -> str:
-    """The first meaningful line of an error message (Hydra's are multi-line), with the cause of Hydra's
-    "Error merging override" (a value of the wrong type: OmegaConf names the key and the type)."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    if not lines:
-        return type(error).__name__
-    text = lines[0]
-    cause = error.__cause__
-    if text.startswith("Error merging override ") and cause is not None and str(cause).strip():
-        text = f"{text.removeprefix('Error merging override ')} is invalid: {str(cause).strip().splitlines()[0]}"
-    if "Could not override" in text or "Key '" in text and "not in struct" in text:
-        text += " (check the key's spelling; transformer/config.py lists every key)"
-    if "Could not find" in text:
-        options = [line for line in lines[1:] if not line.startswith(("Config search path", "provider="))]
-        if options:
-            text += " — " + " ".join(options).replace("Available options in", "options in")
-    return text
-
-
 def main_with_user_errors(main: Callable[[list[str]], int | None]) -> Callable[[], None]:
     """Wrap an entry point: user errors print `error: <one line>` on stderr and exit with status 2."""
 
@@ -114,8 +96,6 @@ def _with_user_errors(main: Callable, *args) -> int | None:
         return main(*args)
     except user_errors() as error:
             print(f"error: {one_line(error)}", file=sys.stderr)
-            from transformer.distributed import PeerFailure
-
             if isinstance(error, PeerFailure):  # the broken process group's destructor can abort (gloo) or hang
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -156,8 +136,6 @@ def hydra_app(config_name: str, run: Callable[[DictConfig], int]) -> None:
 def pick_device(name: str, local_rank: int = 0):
     """`device=auto | cpu | cuda | cuda:N` as a torch.device; a CUDA device is also made current, with TF32
     matmuls (training and decoding on Ampere and later). Under torchrun, `cuda` is the rank's local GPU."""
-    import torch
-
     kind = ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else str(name)
     if kind.startswith("cuda"):
         if not torch.cuda.is_available():

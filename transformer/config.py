@@ -139,9 +139,9 @@ class TrainConfig:
     """`train.*`: the §5 recipe (Adam(0.9, 0.98, 1e-9) is fixed in transformer/schedule.py), the stopping
     rules, and how often to log, validate and save."""
 
-    max_tokens: int = 4096  # per rank per forward pass: batch size × max(padded src, padded tgt length)
-    tokens_per_update: int = 25000
-    update_freq: Optional[int] = None  # null: max(1, round(tokens_per_update / (world_size × max_tokens)))
+    max_tokens: int = 4096  # most tokens per rank per forward pass: batch size × max(padded src, padded tgt length)
+    tokens_per_update: int = 25000  # the update's size, kept at any world size (training.plan_update)
+    update_freq: Optional[int] = None  # passes per update; null: derived with each pass's budget (plan_update)
     lr_scale: float = 1.0
     warmup_steps: int = 4000
     label_smoothing: float = 0.1
@@ -309,7 +309,7 @@ def register() -> None:
     """Register the schemas (`<job>_schema`, e.g. `config_schema`, first in each job's defaults list), the
     model presets (`model=base`, `model=big`) with Hydra's ConfigStore, and the `sweep_dir` resolver of
     configs/app.yaml. Idempotent."""
-    from hydra.core.config_store import ConfigStore
+    from hydra.core.config_store import ConfigStore  # here: the dataclasses are used without Hydra too
 
     if not OmegaConf.has_resolver("sweep_dir"):  # configs/app.yaml: where a multirun writes multirun.yaml
         OmegaConf.register_new_resolver("sweep_dir", lambda run_dir: run_dir or "runs")

@@ -81,6 +81,43 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def broadcast_from_main(values: list[float], *, device: torch.device) -> list[float]:
+    """Rank 0's `values` on every rank (unchanged at world size 1)."""
+    if not _active():
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.broadcast(tensor, src=0)
+    return tensor.tolist()
+
+
+class RankMismatch(PeerFailure):
+    """The ranks did not start from the same state; `str` is one line naming the ranks and what differs."""
+
+
+def check_same_start(fingerprint: dict[str, int], *, device: torch.device) -> None:
+    """Raise RankMismatch on every rank when any rank's `fingerprint` differs from rank 0's.
+
+    DDP copies rank 0's weights to the others and nothing else: a rank that read another checkpoint (a node
+    without the shared run_dir, a stale copy after a requeue) would train on with its own Adam moments,
+    schedule and data position, and the ranks would drift apart without an error.
+    """
+    if not _active():
+        return
+    mine = torch.tensor(list(fingerprint.values()), dtype=torch.int64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, mine)
+    rows = [row.tolist() for row in gathered]
+    differ = {rank: [name for name, a, b in zip(fingerprint, rows[0], row) if a != b]
+              for rank, row in enumerate(rows) if row != rows[0]}
+    if differ:
+        what = "; ".join(f"rank {rank}: {', '.join(names)}" for rank, names in list(differ.items())[:4])
+        first = dict(zip(fingerprint, rows[0]))
+        raise RankMismatch(
+            f"the ranks did not start from the same state ({what} differ from rank 0, which is at update "
+            f"{first.get('update')}): give every rank the same run_dir (a filesystem all nodes share) or the "
+            "same checkpoint on every node, then start again")
+
+
 def peer_failure(error: BaseException) -> PeerFailure | None:
     """The one-line PeerFailure for `error` when it is a collective that lost its peers (gloo: connection
     closed or timed out; NCCL: error or watchdog timeout), else None (a bug of this rank: keep its traceback)."""

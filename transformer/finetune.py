@@ -1,7 +1,7 @@
 """Fine-tuning: start from a trained model's weights, reconcile two vocabularies, freeze parts of the model.
 
-train.py wires these in when `init_from` is set (docs/FINETUNING.md; the settings are checked with the
-rest of the config, in transformer/config.py):
+train.py calls `set_up(model, init, ...)`, which does these steps in order (docs/FINETUNING.md; the settings
+are checked with the rest of the config, in transformer/config.py):
 
     transfer = load_pretrained(model, init["model"], source="init_from=...",
                                old_pieces=..., new_pieces=...)      # pieces only with data.vocab=transfer
@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from data.vocab import Vocab
+from transformer import checkpoint as ckpt
 from transformer.checkpoint import CheckpointError
 from transformer.config import ConfigError
 from transformer.model import Transformer
@@ -37,6 +39,24 @@ from transformer.model import Transformer
 EMBEDDING = "embedding.weight"  # the shared source/target/output matrix [V, D]
 
 log = logging.getLogger(__name__)
+
+
+def set_up(model: Transformer, init: dict | None, *, init_from: str | None, vocab_mode: str, vocab: Vocab,
+           freeze_parts: Sequence[str], train_top_layers: int | None) -> list[nn.Parameter]:
+    """A new run's model before its first update: the weights of `init` (the checkpoint `init_from` names;
+    None: keep the random initialisation) with its vocabulary kept or transferred onto `vocab`, then the
+    frozen parts; returns the parameters to train."""
+    if init is not None:
+        pieces = {}
+        if vocab_mode != "keep":
+            old = Vocab.from_bytes(ckpt.spm_bytes(init))
+            pieces = {"old_pieces": old.pieces(range(old.size)), "new_pieces": vocab.pieces(range(vocab.size))}
+        transfer = load_pretrained(model, init["model"], source=f"init_from={init_from}", **pieces)
+        log.info("initialised from %s%s", init_from, f"; data.vocab=transfer: {transfer.summary()}" if transfer else "")
+    frozen = freeze(model, parts=freeze_parts, train_top_layers=train_top_layers)
+    if frozen:
+        log.info("%s", describe_frozen(model, frozen))
+    return trainable(model)
 
 
 # ------------------------------------------------------------------------------------ loading weights

@@ -63,8 +63,8 @@ def warn_if_emulated(precision: str, device_type: str = "cpu") -> bool:
     """Log one warning (once a process), and return True, where `precision` ("bf16" | "fp16") on
     `device_type` is emulated.
 
-    Emulated reduced precision gives the same results as native, only slower: a bf16 training update of a
-    7.6M-parameter model took ~75 s on an AVX2-only AMD EPYC against ~5 s in fp32 (issue #19).
+    Emulated reduced precision gives the same results as native, only several times slower (issue #19;
+    docs/BENCHMARKS.md, 'Emulated bf16 and fp16').
     """
     if device_type != "cpu" or precision not in ("bf16", "fp16"):
         return False
@@ -77,7 +77,8 @@ def warn_if_emulated(precision: str, device_type: str = "cpu") -> bool:
 @functools.cache  # once a process and precision
 def _warn_emulated(precision: str) -> None:
     log.warning("%s on this CPU (%s, no native %s kernels) is emulated with float32 arithmetic: expect it "
-                "to be several times (up to ~15x) slower than fp32; precision=fp32 is the fast choice here",
+                "to be several times slower than fp32 (docs/BENCHMARKS.md); precision=fp32 is the fast "
+                "choice here",
                 precision, torch.backends.cpu.get_cpu_capability(), precision)
 
 # Inside `frozen_weights()`: weight -> ((version, data pointer) it was packed from, the packed weight). A
@@ -90,10 +91,10 @@ def frozen_weights():
     """A block in which weights do not change (search, translation): CPU linear maps without autograd use
     each weight packed into oneDNN's blocked layout, made on first use and dropped when the block ends.
 
-    Unpacked, oneDNN reorders the weight on every call; packed, an inference matmul is 2-10 % faster
-    (decoding, base: beam 4 +4 %, greedy +8 % on one CPU thread). The block is needed because a weight
-    can change without any sign on the tensor: torch's fused Adam updates parameters in place without
-    bumping their version counter. Nested blocks share the outer one's packed weights.
+    Unpacked, oneDNN reorders the weight on every call; packed, it does not, and decoding is a few per
+    cent faster (docs/BENCHMARKS.md, 'Packed weights'). The block is needed because a weight can change
+    without any sign on the tensor: torch's fused Adam updates parameters in place without bumping their
+    version counter. Nested blocks share the outer one's packed weights.
     """
     if _PACKED.get() is not None:
         yield
@@ -153,8 +154,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """F.linear(x, weight, bias), with float32 on CPU computed by oneDNN instead of the BLAS behind F.linear.
 
     Why: torch's CPU builds send float32 F.linear to MKL, whose sgemm runs its AVX2 code on AMD CPUs;
-    oneDNN uses AVX-512 there and measured 2x faster on a 2-core AMD EPYC in all three matmuls of a
-    training step (docs/BENCHMARKS.md). Same maths; only the rounding of the sums may differ (~1e-6
+    oneDNN uses AVX-512 there and is faster in all three matmuls of a training step (docs/BENCHMARKS.md,
+    'Where our speed comes from'). Same maths; only the rounding of the sums may differ (~1e-6
     relative), as between thread counts. Without autograd, float32 and bfloat16 go to oneDNN, with
     packed weights inside `frozen_weights()`. Everything else (GPU, autocast, fp16, bf16 with autograd,
     torch.compile, a torch without the kernel, bf16 on a CPU without native bf16) goes to F.linear.
@@ -185,10 +186,10 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
     On CPU it is computed as softmax(Q K^T / sqrt(Dh)) V with two batched matmuls; the scores and the
     softmax are float32 (float64 for float64 inputs), as in torch's fused kernels, and only the weights are
     cast back for the product with V. Why: for the short sequences of translation, torch's CPU
-    flash-attention kernel is slower, most of all in bf16 (one thread, batch 64 x 8 heads x 32 positions,
-    forward + backward: 30 ms in bf16 against 6 ms for the matmuls; float32 about level) and for the one or
-    few queries of a decoding step (docs/BENCHMARKS.md). The scores [.., Tq, Tk] are materialised, which is
-    fine at sentence lengths. GPUs keep the fused kernels (flash / memory-efficient attention).
+    flash-attention kernel is slower, most of all in bf16 training (float32 about level) and for the one or
+    few queries of a decoding step (docs/BENCHMARKS.md, 'Where our speed comes from'). The scores
+    [.., Tq, Tk] are materialised, which is fine at sentence lengths. GPUs keep the fused kernels (flash /
+    memory-efficient attention).
     Unlike torch's kernels, a query row with no key allowed gives NaN (`attention` never builds one).
     """
     if q.device.type != "cpu":
@@ -197,7 +198,8 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
         raise ValueError("pass either attn_mask or is_causal=True, as F.scaled_dot_product_attention wants")
     score_dtype = torch.promote_types(q.dtype, torch.float32)
     # Reduced-precision K is read as float32: exact scores, and a contiguous copy (bf16 batched matmuls
-    # are ~5x slower on a strided K such as the time-major decoder cache; float32 ones read it in place).
+    # are several times slower on a strided K such as the time-major decoder cache; float32 ones read it
+    # in place: docs/BENCHMARKS.md, 'Strided keys in bf16').
     scores = torch.matmul(q.to(score_dtype), k.to(score_dtype).transpose(-2, -1)) * q.shape[-1] ** -0.5
     if is_causal:  # query i sees keys 0..i (top-left aligned, as torch's)
         tq, tk = scores.shape[-2:]
@@ -213,11 +215,11 @@ def keep_freed_memory() -> bool:
     Decoding and training allocate and free tensors of several MB many times a second (activations, the
     decoder cache, [rows, vocabulary] logits). By default glibc serves large requests with fresh mmap'd
     pages and trims freed heap memory back to the OS, so the OS must supply, and zero, those pages again
-    and again. Here: requests up to 32 MB come from the heap, and up to 1 GB of freed heap is kept
-    (beam-4 decoding of the base model on one CPU thread: +7 %). The process's memory then stays near its
-    peak instead of shrinking between steps. Process-wide: the entry points (train.py, translate.py,
-    evaluate.py, benchmarks/) call it once at start; LD_PRELOAD'ing jemalloc or tcmalloc is the usual
-    alternative, which this leaves alone.
+    and again. Here: requests up to 32 MB come from the heap, and up to 1 GB of freed heap is kept, which
+    makes beam-4 decoding faster (docs/BENCHMARKS.md, 'Where our speed comes from'). The process's memory
+    then stays near its peak instead of shrinking between steps. Process-wide: the entry points (train.py,
+    translate.py, evaluate.py, benchmarks/) call it once at start; LD_PRELOAD'ing jemalloc or tcmalloc is
+    the usual alternative, which this leaves alone.
     """
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False

@@ -403,9 +403,9 @@ class FeedForward(nn.Module):
         super().__init__()
         self.w1 = Linear(d_model, d_ff)
         self.w2 = Linear(d_ff, d_model)
-        for linear in (self.w1, self.w2):
-            nn.init.xavier_uniform_(linear.weight)
-            nn.init.zeros_(linear.bias)
+        for layer in (self.w1, self.w2):
+            nn.init.xavier_uniform_(layer.weight)
+            nn.init.zeros_(layer.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(F.relu(self.w1(x)))  # [B, T, D] -> [B, T, F] -> [B, T, D]

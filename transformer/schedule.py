@@ -39,8 +39,8 @@ def noam_lambda(*, d_model: int, warmup_steps: int, lr_scale: float) -> Callable
 def make_optimizer(params: Iterable[torch.nn.Parameter], *, fused: bool = True) -> torch.optim.Adam:
     """Adam(0.9, 0.98, eps=1e-9) with base lr 1.0 (the schedule supplies the lr).
 
-    fused=True: torch's single-kernel Adam, on CUDA and (torch >= 2.4) on CPU, where it is 5x faster than
-    the multi-tensor one (base's parameters, one thread: 29 ms against 157 ms per step); the multi-tensor
+    fused=True: torch's single-kernel Adam, on CUDA and (torch >= 2.4) on CPU, where it is several times
+    faster than the multi-tensor one (docs/BENCHMARKS.md, 'Notes on the CPU figures'); the multi-tensor
     (foreach) implementation where fused is unsupported, or with fused=False.
     """
     params = list(params)

@@ -58,7 +58,6 @@ __all__ = [
     "load_testset",
     "append_table_row",
     "training_flops",
-    "gpu_time_flops",
     "ROW_KEYS",
     "TABLE2_COLUMNS",
     "TABLE3_COLUMNS",
@@ -205,7 +204,7 @@ def _dataset(name: str):
     sacreBLEU reads $SACREBLEU once, when `sacrebleu` is imported, and roots every dataset there. A
     process that sets the variable later (a test, a notebook) gets a copy re-rooted at the current value.
     """
-    from sacrebleu.dataset import DATASETS
+    from sacrebleu.dataset import DATASETS  # here: it must see $SACREBLEU as it is now (above)
 
     if name not in DATASETS:
         raise ValueError(f"unknown sacreBLEU test set {name!r} (`sacrebleu --list` shows them; "
@@ -260,17 +259,13 @@ def training_flops(params_non_embedding: int, tokens: int) -> float:
     weight sees one side, and source and target are about equally long, so the target count stands for
     both sides. Left out: attention's length-dependent terms and the output projection (2·V·D per target
     token forward, 6·V·D with backward), about 40% on top of 6N for the base model at 37k vocabulary.
-    This counts the model's arithmetic; the paper's Table 2 column is instead GPU time × the GPU's
-    throughput (`gpu_time_flops`): the hardware's capacity over the run, several times larger
-    (base: 3.3·10^18 there, 6N·tokens ≈ 0.7·10^18).
+    This counts the model's arithmetic; the paper's Table 2 column is instead the hardware's capacity over
+    the run, training time × GPUs × each GPU's sustained single-precision FLOPS (its footnote: 2.8, 3.7,
+    6.0 and 9.5 TFLOPS for K80, K40, M40 and P100), several times larger (base: 8 P100 × 12 h, 3.3·10^18
+    there, 6N·tokens ≈ 0.7·10^18). That figure is the table's GPU-hours column × the GPU's FLOPS, which
+    no checkpoint records.
     """
     return 6.0 * float(params_non_embedding) * float(tokens)
-
-
-def gpu_time_flops(gpu_hours: float, peak_flops_per_gpu: float) -> float:
-    """The paper's estimate (Table 2 footnote): training time × GPUs × sustained single-precision FLOPS
-    (they used 2.8, 3.7, 6.0 and 9.5 TFLOPS for K80, K40, M40 and P100): 8 P100 × 12 h -> 3.3·10^18."""
-    return float(gpu_hours) * 3600.0 * float(peak_flops_per_gpu)
 
 
 # The row a caller passes: one evaluation of one model. `lang` (the target language) places bleu/tokbleu in

@@ -8,8 +8,10 @@ import contextlib
 import dataclasses
 import hashlib
 import importlib.metadata
+import json
 import logging
 import math
+import os
 import platform
 import signal
 import socket
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
 from data.batching import BatchStream
@@ -29,6 +32,7 @@ from transformer import checkpoint as ckpt
 from transformer import distributed
 from transformer.checkpoint import TrainState
 from transformer.config import ARCH_KEYS, ConfigError, TrainJob
+from transformer.kernels import warn_if_emulated
 from transformer.model import Transformer
 
 log = logging.getLogger("train")
@@ -76,6 +80,14 @@ DATA_KEYS = ("src_lang", "tgt_lang", "vocab_size", "spm_model", "dataset", "subs
              "max_len", "max_len_ratio", "dedup")
 
 # ---------------------------------------------------------------------------------- where the run starts
+
+
+def resolve_run_dir(job: TrainJob, cfg: DictConfig) -> Path:
+    """`run_dir`, or runs/<experiment or model>-<data>; a multirun job gets `<that>/<job number>`."""
+    choices = cfg.get("choices", {})
+    base = Path(job.run_dir) if job.run_dir else Path("runs") / (
+        f"{choices.get('experiment') or choices.get('model', 'base')}-{choices.get('data', 'data')}")
+    return base / str(cfg.job_num) if cfg.get("job_num") is not None else base
 
 
 def differences(saved: dict, current: dict, section: str, keys) -> list[str]:
@@ -133,6 +145,118 @@ def resume_or_initialise(job: TrainJob, run_dir: Path) -> Start:
 
 
 
+# ------------------------------------------------------------------------------------- the update size
+
+MIN_TOKENS = 256  # the floor on a rank's tokens per forward pass that plan_update derives
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """How one update is made: `world_size` ranks × `update_freq` forward passes × `max_tokens` each."""
+
+    world_size: int
+    update_freq: int
+    max_tokens: int  # per rank and forward pass: the budget BatchStream fills (padded max(src, tgt) tokens)
+
+    @property
+    def tokens(self) -> int:
+        return self.world_size * self.update_freq * self.max_tokens
+
+
+def plan_update(*, tokens_per_update: int, world_size: int, max_tokens: int, update_freq: int | None = None,
+                saved: TrainState | None = None) -> tuple[UpdatePlan, str | None]:
+    """The update plan for `world_size` ranks, and a warning when it cannot be what was asked for.
+
+    Derived (`update_freq` None): the fewest forward passes that keep each rank within `max_tokens`,
+    `ceil(T / (W × max_tokens))`, each of `T / (W × update_freq)` tokens, so that the update holds T tokens
+    at any world size; never below min(max_tokens, MIN_TOKENS) per pass, where the update grows past T
+    (above W ≈ T / MIN_TOKENS, e.g. 97 GPUs for the paper's 25k). Given `update_freq`: `max_tokens` as it is.
+    Resumed (`saved`): the saved run's per-pass budget, so that its batches and data position stay valid,
+    with the passes that keep its update size at this world size.
+    """
+    if saved is not None:
+        total = saved.world_size * saved.update_freq
+        freq = update_freq or max(1, round(total / world_size))
+        plan = UpdatePlan(world_size, freq, saved.max_tokens or max_tokens)  # older checkpoints: max_tokens
+        if world_size * freq != total:
+            return plan, (f"world_size × update_freq changed ({saved.world_size}×{saved.update_freq} → "
+                          f"{world_size}×{freq}): the update holds {plan.tokens} tokens instead of "
+                          f"{total * plan.max_tokens}, and the batch sequence "
+                          "differs from the original run's")
+        return plan, None
+    if update_freq is not None:
+        return UpdatePlan(world_size, update_freq, max_tokens), None
+    freq = max(1, math.ceil(tokens_per_update / (world_size * max_tokens)))
+    plan = UpdatePlan(world_size, freq, max(min(max_tokens, MIN_TOKENS), tokens_per_update // (world_size * freq)))
+    if plan.tokens > 1.1 * tokens_per_update:
+        return plan, (f"{world_size} ranks × at least {plan.max_tokens} tokens per pass make an update of "
+                      f"{plan.tokens} tokens, {plan.tokens / tokens_per_update:.1f}× train.tokens_per_update="
+                      f"{tokens_per_update}, with the schedule unchanged: set train.tokens_per_update={plan.tokens} "
+                      "and scale the learning rate with train.lr_scale as large-batch recipes do (e.g. × the "
+                      "square root of the ratio, with a longer warmup), or train on fewer ranks")
+    return plan, None
+
+
+# ------------------------------------------------------------------------- decisions every rank shares
+
+
+@dataclass(frozen=True)
+class Clock:
+    """Rank 0's clocks, as every rank received them at the start of the latest update. Time-based decisions
+    (train.max_time, train.save_every_minutes) read these, never a rank's own clock: the ranks' clocks drift
+    apart while rank 0 alone validates BLEU and writes checkpoints."""
+
+    train_seconds: float = 0.0
+    since_save: float = 0.0
+
+
+def agree(run: Run, tokens: float, stop_requested: bool) -> tuple[float, bool]:
+    """The one collective of an update, before its backward passes: the target tokens of all ranks (the
+    loss divisor) and whether any rank received a stop signal; it also brings every rank rank 0's `Clock`.
+    Returns (global tokens, stop)."""
+    main = run.dist.is_main
+    values = torch.tensor([tokens, float(stop_requested), run.state.train_seconds if main else 0.0,
+                           time.monotonic() - run.last_save if main else 0.0], dtype=torch.float64, device=run.device)
+    distributed.all_reduce_sum(values)
+    global_tokens, stops, train_seconds, since_save = values.tolist()
+    run.clock = Clock(train_seconds=train_seconds, since_save=since_save)
+    return global_tokens, stops > 0
+
+
+def keep_best(run: Run, metrics: dict[str, float]) -> None:
+    """After a validation: best and stale of train.best_metric, best.pt when it improved, and rank 0's best
+    and stale given to every rank (only rank 0 computes BLEU), so that train.patience stops all ranks at the
+    same update."""
+    t, state = run.job.train, run.state
+    if t.best_metric in metrics:
+        value = metrics[t.best_metric]
+        if state.best is None or (value > state.best if t.best_metric == "bleu" else value < state.best):
+            state.best, state.stale = value, 0
+            run.save(ckpt.best_path(run.run_dir))
+        else:
+            state.stale += 1
+    best, stale = distributed.broadcast_from_main(
+        [math.nan if state.best is None else state.best, float(state.stale)], device=run.device)
+    state.best, state.stale = (None if math.isnan(best) else best), int(stale)
+
+
+def start_fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
+                      stream: BatchStream, vocab: Vocab) -> dict[str, int]:
+    """What every rank must agree on before the first update: the update, the data position, the vocabulary,
+    and checksums of the weights and the optimizer state (sums and sums of squares, in float64)."""
+    def checksum(tensors) -> int:
+        total = torch.zeros(2, dtype=torch.float64)
+        for tensor in tensors:
+            values = tensor.detach().double()
+            total += torch.stack([values.sum(), values.square().sum()]).cpu()
+        return int.from_bytes(hashlib.blake2b(total.numpy().tobytes(), digest_size=7).digest(), "little")
+
+    moments = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return {"update": state.step, "epoch": stream.epoch, "batch": stream.offset,
+            "vocabulary": int(vocab.sha256[:15], 16), "weights": checksum(model.state_dict().values()),
+            "optimizer state": checksum(moments)}
+
+
 # --------------------------------------------------------------------------------------------- the run
 
 
@@ -154,6 +278,12 @@ class Run:
     autocast: contextlib.AbstractContextManager
     state: TrainState
     writer: SummaryWriter | None = None
+    clock: Clock = None  # rank 0's clocks as every rank last received them (`agree`)
+    last_save: float = 0.0  # time.monotonic() of the last checkpoint (rank 0's is the one that counts)
+
+    def __post_init__(self) -> None:
+        self.clock = self.clock or Clock(train_seconds=self.state.train_seconds)
+        self.last_save = self.last_save or time.monotonic()
 
     def save(self, path: Path, kind: str = "train") -> None:
         """A training checkpoint of the run as it is now (rank 0 writes; the others skip)."""
@@ -172,6 +302,11 @@ class Run:
             ckpt.crash_point("before-last")  # test-only (see transformer/checkpoint.py)
             ckpt.link_or_copy(path, ckpt.last_path(self.run_dir))
             ckpt.prune(self.run_dir, self.job.train.keep_last)
+        self.last_save = time.monotonic()
+
+    def save_last(self) -> None:
+        self.save(ckpt.last_path(self.run_dir))
+        self.last_save = time.monotonic()
 
 
 @dataclass
@@ -188,10 +323,10 @@ class Window:
     def __post_init__(self) -> None:
         self.sums = torch.zeros(4, dtype=torch.float64, device=self.device)
 
-    def add(self, loss: torch.Tensor, nll: torch.Tensor) -> None:
-        self.sums[:2] += torch.stack([loss.detach().double(), nll.detach().double()])
-
-    def end_update(self, tokens: float, seconds: float) -> None:
+    def end_update(self, losses: list[tuple[torch.Tensor, torch.Tensor]], tokens: float, seconds: float) -> None:
+        """Add an update: its summed (loss, nll) of each forward pass, its target tokens (per rank), its time."""
+        for loss, nll in losses:
+            self.sums[:2] += torch.stack([loss.detach().double(), nll.detach().double()])
         self.sums[2] += tokens
         self.sums[3] += 1
         self.seconds += seconds
@@ -206,6 +341,34 @@ class Window:
         self.sums.zero_()
         self.seconds = 0.0
         return stats
+
+
+def user_error(error: BaseException) -> Exception | None:
+    """The one-line error for a failure the user can fix (out of memory; a rank that died, under torchrun),
+    or None for a bug of this process, whose traceback stays."""
+    if isinstance(error, torch.OutOfMemoryError):
+        rank = os.environ.get("RANK")
+        detail = " ".join(str(error).split())[:160]
+        return ConfigError(f"out of memory{f' on rank {rank}' if rank else ''} ({detail}): lower train.max_tokens "
+                           "(more passes per update keep its size) and start in a new run_dir: a run resumes only "
+                           "with the max_tokens it started with")
+    return distributed.peer_failure(error)
+
+
+def mixed_precision(precision: str, device: torch.device):
+    """(autocast context, GradScaler) for train.precision = fp32 | bf16 | fp16 (the scaler is on for fp16 only)."""
+    warn_if_emulated(precision, device.type)
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+                if precision != "fp32" else contextlib.nullcontext())
+    return autocast, torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+
+def write_run_record(run: Run, argv: list[str]) -> None:
+    """run_dir/config.yaml (the resolved job) and provenance.json (where and how it was started)."""
+    OmegaConf.save(OmegaConf.create(dataclasses.asdict(run.job)), run.run_dir / "config.yaml")
+    record = provenance(world_size=run.dist.world_size, update_freq=run.state.update_freq,
+                        max_tokens=run.state.max_tokens, argv=argv)
+    ckpt.atomic_write(run.run_dir / "provenance.json", json.dumps(record, indent=2) + "\n")
 
 
 def format_seconds(seconds: float) -> str:

@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 import math
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 import torch
+from tqdm import tqdm
 
+from data.errors import DataError
+from data.vocab import Vocab
 from transformer import checkpoint as ckpt
 from transformer import distributed, kernels
 from transformer.config import ConfigError, DecodeConfig
@@ -113,9 +118,6 @@ class Translator:
     @classmethod
     def load(cls, checkpoint, device: torch.device | str = "cpu") -> Translator:
         """From a run directory, a .pt file, or a list of them (an ensemble sharing one vocabulary)."""
-        from data.errors import DataError
-        from data.vocab import Vocab
-
         names = list(checkpoint) if isinstance(checkpoint, (list, tuple)) else [checkpoint]
         if not names:
             raise ConfigError("checkpoint=[] names no checkpoint: give a run directory or a .pt file")
@@ -151,8 +153,6 @@ class Translator:
     def translate(self, texts: list[str], decode: DecodeConfig, *, progress: bool = False,
                   source: str = "input") -> list[list[tuple[str, float]]]:
         """(translation, score) lists, `decode.nbest` per input text, best first; one line each."""
-        from tqdm import tqdm
-
         ids = self.vocab.encode([" ".join(t.split()) for t in texts])
         for number, row in enumerate(ids, start=1):
             if len(row) > decode.max_input_len:
@@ -218,6 +218,12 @@ def split_bleu(model: Seq2Seq, vocab, src_ids: Sequence[Sequence[int]], referenc
         model.train(training)
     texts = vocab.decode([h[0].tokens for h in hyps])
     return sacrebleu_scores(texts, references, lang=lang), texts
+
+
+def write_results(out: Path, hypotheses: Sequence[str], results: dict) -> None:
+    """`out`/hyp.txt (one translation per line) and `out`/scores.json, each written atomically."""
+    ckpt.atomic_write(out / "hyp.txt", "".join(line + "\n" for line in hypotheses))
+    ckpt.atomic_write(out / "scores.json", json.dumps(results, indent=2) + "\n")
 
 
 @torch.no_grad()
