@@ -36,7 +36,7 @@ from transformer.kernels import keep_freed_memory
 from transformer.loss import label_smoothed_nll
 from transformer.model import Transformer, TransformerConfig
 from transformer.schedule import make_optimizer, make_scheduler
-from transformer.training import (Run, StopRequest, Window, agree, dropout_seed, log_window, mixed_precision,
+from transformer.training import (Run, Start, StopRequest, Window, agree, dropout_seed, log_window, mixed_precision,
                                   keep_best, plan_update, print_summary, resolve_run_dir,
                                   resume_or_initialise, start_fingerprint, user_error, write_run_record)
 from transformer.translation import corpus_nll, split_bleu, write_results
@@ -46,7 +46,8 @@ log = logging.getLogger("train")
 # ---------------------------------------------------------------------------------------------- set-up
 
 
-def build(job: TrainJob, dist, device, run_dir: Path, start, data: Prepared) -> Run:
+def build(job: TrainJob, *, dist: distributed.DistInfo, device: torch.device, run_dir: Path, start: Start,
+          data: Prepared) -> Run:
     """The model (initialised, from init_from, or resumed), its optimizer, schedule, precision and data order."""
     t, saved = job.train, TrainState.read(start.resume) if start.resume is not None else None
     plan, warning = plan_update(tokens_per_update=t.tokens_per_update, world_size=dist.world_size,
@@ -68,11 +69,12 @@ def build(job: TrainJob, dist, device, run_dir: Path, start, data: Prepared) -> 
     state = TrainState(world_size=dist.world_size, update_freq=plan.update_freq, max_tokens=plan.max_tokens,
                        device=device.type)
     if start.resume is not None:
-        ckpt.load_training(start.resume, start.resume_path, model=model, optimizer=optimizer, scheduler=scheduler,
-                           scaler=scaler, stream=stream)
+        saved = ckpt.load_training(start.resume, start.resume_path, model=model, optimizer=optimizer,
+                                   scheduler=scheduler, scaler=scaler, stream=stream)
         state = dataclasses.replace(saved, world_size=dist.world_size, update_freq=plan.update_freq,
                                     max_tokens=plan.max_tokens, device=device.type)
-    distributed.check_same_start(start_fingerprint(model, optimizer, state, stream, data.vocab), device=device)
+    distributed.check_same_start(start_fingerprint(job, model, optimizer, scaler, state, stream, data.vocab),
+                                 device=device)
     train_model = model
     if dist.world_size > 1:
         train_model = torch.nn.parallel.DistributedDataParallel(
@@ -99,8 +101,9 @@ def train_step(run: Run, window: Window, stop: StopRequest) -> str:
     "stop" (and nothing trained) when any rank received a stop signal: every rank stops at the same update.
 
     A non-finite gradient norm skips the optimizer step. In fp16 that is GradScaler calibrating its loss scale
-    (it halves it): "overflow", the update does not count (neither the update number nor the lr schedule
-    moves) until the scale falls below MIN_LOSS_SCALE. Otherwise it counts towards train.max_nonfinite.
+    (it halves it): "overflow", and the update is made again from the same batches at the lower scale (the
+    update number, the lr schedule and the data do not move), until the scale falls below MIN_LOSS_SCALE.
+    Otherwise it counts towards train.max_nonfinite.
     """
     started, position = time.monotonic(), run.stream.state_dict()
     batches = [(slot, collate(run.data.train.dataset, rows, device=run.device)) for slot, rows in run.stream.next_update()]
@@ -129,8 +132,10 @@ def train_step(run: Run, window: Window, stop: StopRequest) -> str:
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
     if not finite and run.scaler.is_enabled() and scale >= MIN_LOSS_SCALE:
-        log.info("update %d: fp16 overflow, loss scale %g → %g; the update is not counted", step, scale,
+        log.info("update %d: fp16 overflow, loss scale %g → %g; the update is made again", step, scale,
                  run.scaler.get_scale())
+        run.stream.load_state_dict(position)
+        state.train_seconds += time.monotonic() - started
         return "overflow"
     state.step, state.train_tokens = step, state.train_tokens + int(global_tokens)
     state.nonfinite = 0 if finite else state.nonfinite + 1
@@ -138,6 +143,7 @@ def train_step(run: Run, window: Window, stop: StopRequest) -> str:
         log.warning("update %d: non-finite gradient norm, skipped (%d in a row)", step, state.nonfinite)
         if state.nonfinite >= run.job.train.max_nonfinite:
             run.save(ckpt.checkpoint_dir(run.run_dir) / f"diagnostic-{step:08d}.pt", kind="diagnostic")
+            distributed.barrier()  # every rank stops here: none may exit (and have torchrun kill rank 0) mid-write
             raise ConfigError(f"{state.nonfinite} updates in a row had non-finite gradients (last: update {step}); "
                               "a diagnostic checkpoint is in run_dir/checkpoints: lower the learning rate "
                               "(train.lr_scale), use train.precision=fp32 or set train.clip_norm")
@@ -214,8 +220,10 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest) -> int:
     data = prepare(job.data, run_dir, seed=job.seed, splits=splits, vocab=start.vocab)
     if job.prepare_only:
         log.info("data prepared in %s; train with the same command without prepare_only=true", run_dir)
+        distributed.cleanup()
         return 0
-    run = build(job, dist, device, run_dir, start, data)
+    run = build(job, dist=dist, device=device, run_dir=run_dir, start=start, data=data)
+    del start  # the checkpoint read at start (weights and Adam moments) is in the live objects now
     if dist.is_main:
         write_run_record(run, argv)
 

@@ -115,7 +115,7 @@ def tiny_run(tmp_path_factory) -> TinyRun:
         "train.max_tokens=1024", "train.tokens_per_update=1024", "train.warmup_steps=100", "train.lr_scale=0.7",
         "train.label_smoothing=0.0",
         f"train.max_steps={TINY_STEPS}", f"train.save_every_steps={TINY_SAVE_EVERY}",
-        f"train.valid_every_steps={TINY_STEPS}", "train.valid_bleu_lines=0", "train.average_last=2",
+        f"train.valid_every_steps={TINY_STEPS}", "train.valid_bleu_lines=0", "train.best_metric=loss", "train.average_last=2",
         "train.log_every_steps=250", "train.save_every_minutes=0",
     ]
     start = time.monotonic()

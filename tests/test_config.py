@@ -56,6 +56,7 @@ def test_the_architecture_keys_are_the_model_dataclass_fields():
     ("model.d_modle=8", "Could not override 'model.d_modle'"),
     ("decode.beam=0", "decode.beam=0 must be a positive integer"),
     ("train.precision=fp8", "train.precision=fp8 is not one of fp32, bf16, fp16"),
+    ("train.valid_bleu_lines=0", "train.best_metric=bleu needs BLEU at validation"),
 ])
 def test_a_wrong_type_an_unknown_key_or_a_bad_value_is_refused_naming_the_key(override, message):
     from transformer.errors import one_line
@@ -69,7 +70,7 @@ def test_the_group_dataclasses_are_frozen_and_keyword_only():
     with pytest.raises(dataclasses.FrozenInstanceError):
         DecodeConfig().beam = 5
     with pytest.raises(TypeError):
-        DecodeConfig(4)  # noqa: the positional form is refused
+        DecodeConfig(4)  # the positional form is refused
     with pytest.raises(ConfigError, match="decode.nbest=5 exceeds decode.beam=4"):
         DecodeConfig(nbest=5)
 
@@ -103,10 +104,11 @@ def test_multirun_runs_one_job_per_value_each_in_its_own_run_dir(tmp_path):
     result = app("train.py", "-m", "experiment=quickstart", f"run_dir={run_dir}", "device=cpu",
                  "model.d_model=16", "model.d_ff=32", "model.encoder_layers=1", "model.decoder_layers=1",
                  "train.max_tokens=600", "train.tokens_per_update=600", "train.max_steps=1",
-                 "train.save_every_steps=1", "train.valid_every_steps=1", "train.valid_bleu_lines=0",
+                 "train.save_every_steps=1", "train.valid_every_steps=1", "train.valid_bleu_lines=0", "train.best_metric=loss",
                  "train.test_at_end=false", "train.average_last=1", "train.lr_scale=0.5,1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]  # nothing in the working directory
+    assert not list(tmp_path.rglob(".hydra")) and not list(tmp_path.rglob("*.log"))  # nor in the run dirs
     for number, lr_scale in ((0, 0.5), (1, 1.0)):
         saved = yaml.safe_load((run_dir / str(number) / "config.yaml").read_text())
         assert saved["train"]["lr_scale"] == lr_scale and saved["run_dir"] == str(run_dir / str(number))

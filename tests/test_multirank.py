@@ -19,10 +19,13 @@ import torch
 
 import test_train
 from test_train import ROOT, run, subprocess_env
-
-from transformer import checkpoint as ckpt  # noqa: E402
-from transformer.checkpoint import TrainState  # noqa: E402
-from transformer.training import MIN_TOKENS, plan_update  # noqa: E402
+from data.batching import BatchStream
+from data.vocab import Vocab
+from transformer import checkpoint as ckpt
+from transformer.checkpoint import TrainState
+from transformer.config import TrainJob
+from transformer.schedule import make_optimizer
+from transformer.training import MIN_TOKENS, plan_update, start_fingerprint
 
 corpus = test_train.corpus  # test_train.py's module-scoped fixture, registered in this module as well
 
@@ -172,26 +175,68 @@ def test_ranks_that_start_from_different_checkpoints_stop_with_one_line(corpus, 
 
 def test_start_fingerprint_sees_every_part_of_the_state(corpus, tmp_path):
     """The fingerprint changes when any one of the parts the ranks must share changes."""
-    from data.batching import BatchStream
-    from data.vocab import Vocab
-    from transformer.schedule import make_optimizer
-    from transformer.training import start_fingerprint
-
     model = torch.nn.Linear(3, 2)
     optimizer = make_optimizer(model.parameters())
+    scaler = torch.amp.GradScaler("cpu", enabled=True)
     stream = BatchStream([3] * 40, [3] * 40, max_tokens=12, seed=1)
-    vocab = Vocab.load(corpus.spm_model)
-    base = start_fingerprint(model, optimizer, TrainState(), stream, vocab)
-    assert start_fingerprint(model, optimizer, TrainState(), stream, vocab) == base  # a function of the state
+    vocab, job = Vocab.load(corpus.spm_model), TrainJob()
 
-    assert start_fingerprint(model, optimizer, TrainState(step=1), stream, vocab)["update"] != base["update"]
+    def fingerprint(state=TrainState(), stream=stream, job=job):
+        return start_fingerprint(job, model, optimizer, scaler, state, stream, vocab)
+
+    base = fingerprint()
+    assert fingerprint() == base  # a function of the state
+    assert fingerprint(TrainState(step=1))["update"] != base["update"]
+    assert fingerprint(TrainState(max_tokens=12))["update plan"] != base["update plan"]
+    assert fingerprint(job=TrainJob(seed=2))["seed"] != base["seed"]
+    other = BatchStream([3] * 40, [3] * 40, max_tokens=24, seed=1)  # other batches, the same position
+    assert fingerprint(stream=other)["batches per epoch"] != base["batches per epoch"]
     with torch.no_grad():
         model.weight[0, 0] += 1e-6
-    moved = start_fingerprint(model, optimizer, TrainState(), stream, vocab)
+    moved = fingerprint()
     assert moved["weights"] != base["weights"] and moved["optimizer state"] == base["optimizer state"]
     model(torch.ones(1, 3)).sum().backward()
     optimizer.step()
-    stepped = start_fingerprint(model, optimizer, TrainState(), stream, vocab)
+    stepped = fingerprint()
     assert stepped["optimizer state"] != moved["optimizer state"]
+    scaler.scale(torch.ones(()))  # the scale exists from the first scaled loss on
+    scaler.update(1024.0)
+    assert fingerprint()["loss scale"] != stepped["loss scale"]
     stream.next_update()
-    assert start_fingerprint(model, optimizer, TrainState(), stream, vocab)["batch"] != base["batch"]
+    assert fingerprint()["batch"] != base["batch"]
+
+
+def test_start_fingerprint_tells_swapped_tensors_apart(corpus):
+    pair = torch.nn.Sequential(torch.nn.Linear(2, 2, bias=False), torch.nn.Linear(2, 2, bias=False))
+    args = (make_optimizer(pair.parameters()), torch.amp.GradScaler("cpu", enabled=False), TrainState(),
+            BatchStream([3] * 4, [3] * 4, max_tokens=12, seed=1), Vocab.load(corpus.spm_model))
+    before = start_fingerprint(TrainJob(), pair, *args)["weights"]
+    with torch.no_grad():
+        first = pair[0].weight.clone()
+        pair[0].weight.copy_(pair[1].weight)
+        pair[1].weight.copy_(first)
+    assert start_fingerprint(TrainJob(), pair, *args)["weights"] != before
+
+
+# ------------------------------------------------------------------------------ resuming on another world size
+
+
+@pytest.mark.slow
+def test_a_two_rank_run_resumed_in_one_process_continues_from_the_same_position(corpus, tmp_path):
+    """2 ranks × 1 pass for 2 updates, then 1 process: it takes 2 passes per update (the same update),
+    continues from the saved data position and ends where an uninterrupted 2-rank run ends."""
+    changes = {"train.max_steps": 4, "train.save_every_steps": 2}
+    status, output = torchrun(tmp_path, corpus.overrides(tmp_path / "whole", changes))
+    assert status == 0, output[-4000:]
+    status, output = torchrun(tmp_path, corpus.overrides(tmp_path / "moved", {**changes, "train.max_steps": 2}))
+    assert status == 0, output[-4000:]
+    stopped = ckpt.load(ckpt.last_path(tmp_path / "moved"))
+
+    # The same command, train.update_freq=1 included: the saved 2 × 1 passes become 1 × 2 here.
+    resumed = run(corpus, tmp_path / "moved", changes)
+    whole = ckpt.load(ckpt.last_path(tmp_path / "whole"))
+    assert (stopped["world_size"], stopped["update_freq"]) == (2, 1)
+    assert (resumed["world_size"], resumed["update_freq"], resumed["step"]) == (1, 2, 4)
+    assert resumed["data_state"] == whole["data_state"] != stopped["data_state"]
+    worst = max((resumed["model"][n] - whole["model"][n]).abs().max().item() for n in whole["model"])
+    assert worst <= 1e-5

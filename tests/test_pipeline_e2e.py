@@ -57,7 +57,7 @@ def test_real_wmt_two_ranks_learn_average_and_evaluate(shared_data, tmp_path):
               "data.vocab_size=1000", "data.num_workers=1", "model=tiny", "model.d_model=64", "model.d_ff=256",
               "model.encoder_layers=1", "model.decoder_layers=1", "train.max_tokens=2048", "train.update_freq=1",
               "train.max_steps=200", "train.warmup_steps=30", "train.valid_every_steps=20",
-              "train.valid_bleu_lines=0", "train.save_every_steps=50", "train.average_last=2",
+              "train.valid_bleu_lines=0", "train.best_metric=loss", "train.save_every_steps=50", "train.average_last=2",
               "train.log_every_steps=50"]
     # 1. The vocabulary and the encoded corpus, prepared ahead as on a CPU box.
     assert train_main([*common, "prepare_only=true"]) == 0

@@ -419,6 +419,7 @@ def test_transformer_ensemble_and_scripted_model_offer_what_search_reads():
     assert not isinstance(model.encoder, Seq2Seq)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_search_on_cuda_matches_cpu():
     model = tiny_model(vocab_size=20, seed=11)

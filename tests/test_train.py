@@ -334,9 +334,9 @@ def test_nonfinite_updates_are_skipped_then_abort(corpus, tmp_path, capsys, monk
     assert adam_steps(saved[2]) == {1.0} and adam_steps(diagnostic) == {2.0}
 
 
-def test_fp16_overflows_calibrate_the_loss_scale_without_counting(corpus, tmp_path, capsys, monkeypatch):
-    """fp16: an overflow is GradScaler finding its scale: it halves the scale and the update is not counted
-    (no update number, no lr step, not towards max_nonfinite); the data moves on, as in fairseq."""
+def test_fp16_overflows_calibrate_the_loss_scale_and_redo_the_update(corpus, tmp_path, capsys, monkeypatch):
+    """fp16: an overflow is GradScaler finding its scale: it halves the scale and the update is made again
+    from the same batches (no update number, no lr step, not towards max_nonfinite)."""
     calls, real_loss = [], train.label_smoothed_nll
 
     def overflowing_loss(logits, target, **kwargs):
@@ -348,11 +348,13 @@ def test_fp16_overflows_calibrate_the_loss_scale_without_counting(corpus, tmp_pa
     last = run(corpus, tmp_path, {"train.precision": "fp16", "train.max_steps": 2, "train.max_nonfinite": 1})
 
     err = capsys.readouterr().err
-    assert "update 1: fp16 overflow, loss scale 65536 → 32768; the update is not counted" in err
+    assert "update 1: fp16 overflow, loss scale 65536 → 32768; the update is made again" in err
     assert "update 1: fp16 overflow, loss scale 16384 → 8192" in err and "non-finite" not in err
     assert last["step"] == 2 and last["scheduler"]["last_epoch"] == 2
     assert last["scaler"]["scale"] == 8192.0
-    assert last["data_state"]["epoch"] * last["data_state"]["batches_per_epoch"] + last["data_state"]["offset"] == 5
+    assert last["data_state"]["epoch"] * last["data_state"]["batches_per_epoch"] + last["data_state"]["offset"] == 2
+    fp32 = run(corpus, tmp_path / "fp32", {"train.max_steps": 2})
+    assert last["data_state"] == fp32["data_state"]  # the same batches as a run without overflows
     assert {float(s["step"]) for s in last["optimizer"]["state"].values()} == {2.0}
 
 
@@ -388,7 +390,7 @@ def test_tiny_model_overfits_a_small_real_batch(shared_data, tmp_path):
         "train.max_tokens=8192", "train.update_freq=1",  # all 64 pairs in one batch, every update
         "train.warmup_steps=30", "train.lr_scale=0.5", f"train.label_smoothing={epsilon}",
         f"train.max_steps={steps}", "train.log_every_steps=10", f"train.valid_every_steps={steps}",
-        f"train.save_every_steps={steps}", "train.average_last=1", "train.valid_bleu_lines=0",
+        f"train.save_every_steps={steps}", "train.average_last=1", "train.valid_bleu_lines=0", "train.best_metric=loss",
         "train.best_metric=loss",
     ]
     assert train_main(overrides) == 0

@@ -71,6 +71,9 @@ class ModelConfig:
 # Keys whose change makes a saved run a different model: resuming or fine-tuning with other values is an
 # error. Every architecture field; dropout is a training choice.
 ARCH_KEYS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "dropout")
+# The data.* keys whose change makes a saved run a different run (compared on resume with ARCH_KEYS).
+DATA_KEYS = ("src_lang", "tgt_lang", "vocab_size", "spm_model", "dataset", "subset", "train_prefix",
+             "max_len", "max_len_ratio", "dedup")
 
 MODEL_PRESETS = {
     "base": ModelConfig(),  # N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1: 65M parameters as reported
@@ -180,6 +183,9 @@ class TrainConfig:
         _require(0 <= self.label_smoothing < 1, f"train.label_smoothing={self.label_smoothing} must be in [0, 1)")
         _one_of("train.precision", self.precision, ("fp32", "bf16", "fp16"))
         _one_of("train.best_metric", self.best_metric, ("bleu", "loss", "nll"))
+        _require(self.best_metric != "bleu" or self.valid_bleu_lines > 0,
+                 "train.best_metric=bleu needs BLEU at validation, but train.valid_bleu_lines=0: set "
+                 "train.valid_bleu_lines (e.g. 200) or train.best_metric=loss")
         _require(not 0 < self.keep_last < self.average_last,
                  f"train.average_last={self.average_last} exceeds train.keep_last={self.keep_last}: keep at least "
                  "as many checkpoints as you average")

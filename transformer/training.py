@@ -31,7 +31,7 @@ from data.vocab import Vocab
 from transformer import checkpoint as ckpt
 from transformer import distributed
 from transformer.checkpoint import TrainState
-from transformer.config import ARCH_KEYS, ConfigError, TrainJob
+from transformer.config import ARCH_KEYS, DATA_KEYS, ConfigError, TrainJob
 from transformer.kernels import warn_if_emulated
 from transformer.model import Transformer
 
@@ -72,12 +72,6 @@ def dropout_seed(seed: int, update: int, slot: int) -> int:
     digest = hashlib.blake2b(f"{seed}/{update}/{slot}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
-
-# ------------------------------------------------------------------------------------------ starting
-
-# Keys of data.* whose change makes a saved run a different run (the architecture's are config.ARCH_KEYS).
-DATA_KEYS = ("src_lang", "tgt_lang", "vocab_size", "spm_model", "dataset", "subset", "train_prefix",
-             "max_len", "max_len_ratio", "dedup")
 
 # ---------------------------------------------------------------------------------- where the run starts
 
@@ -144,7 +138,6 @@ def resume_or_initialise(job: TrainJob, run_dir: Path) -> Start:
     return start
 
 
-
 # ------------------------------------------------------------------------------------- the update size
 
 MIN_TOKENS = 256  # the floor on a rank's tokens per forward pass that plan_update derives
@@ -169,14 +162,17 @@ def plan_update(*, tokens_per_update: int, world_size: int, max_tokens: int, upd
 
     Derived (`update_freq` None): the fewest forward passes that keep each rank within `max_tokens`,
     `ceil(T / (W × max_tokens))`, each of `T / (W × update_freq)` tokens, so that the update holds T tokens
-    at any world size; never below min(max_tokens, MIN_TOKENS) per pass, where the update grows past T
-    (above W ≈ T / MIN_TOKENS, e.g. 97 GPUs for the paper's 25k). Given `update_freq`: `max_tokens` as it is.
+    at any world size; never below min(max_tokens, MIN_TOKENS) per pass. Above T / MIN_TOKENS ranks (97 for
+    the paper's 25k) the floor holds and the update grows past T; more than 10 % past it (from 108 ranks) is
+    the warning. Given `update_freq`: `max_tokens` as it is.
     Resumed (`saved`): the saved run's per-pass budget, so that its batches and data position stay valid,
     with the passes that keep its update size at this world size.
     """
     if saved is not None:
         total = saved.world_size * saved.update_freq
-        freq = update_freq or max(1, round(total / world_size))
+        # The saved passes per update, spread over this world size; a train.update_freq other than the saved
+        # one is the user's own choice.
+        freq = update_freq if update_freq and update_freq != saved.update_freq else max(1, round(total / world_size))
         plan = UpdatePlan(world_size, freq, saved.max_tokens or max_tokens)  # older checkpoints: max_tokens
         if world_size * freq != total:
             return plan, (f"world_size × update_freq changed ({saved.world_size}×{saved.update_freq} → "
@@ -240,21 +236,28 @@ def keep_best(run: Run, metrics: dict[str, float]) -> None:
     state.best, state.stale = (None if math.isnan(best) else best), int(stale)
 
 
-def start_fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
-                      stream: BatchStream, vocab: Vocab) -> dict[str, int]:
-    """What every rank must agree on before the first update: the update, the data position, the vocabulary,
-    and checksums of the weights and the optimizer state (sums and sums of squares, in float64)."""
+def start_fingerprint(job: TrainJob, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                      scaler: torch.amp.GradScaler, state: TrainState, stream: BatchStream,
+                      vocab: Vocab) -> dict[str, int]:
+    """What every rank must agree on before the first update: the update, the data (its batches and the
+    position in them), the update plan, the vocabulary, the seed, and exact checksums of the weights, the
+    optimizer state and the loss scale."""
     def checksum(tensors) -> int:
-        total = torch.zeros(2, dtype=torch.float64)
-        for tensor in tensors:
-            values = tensor.detach().double()
-            total += torch.stack([values.sum(), values.square().sum()]).cpu()
-        return int.from_bytes(hashlib.blake2b(total.numpy().tobytes(), digest_size=7).digest(), "little")
+        """The tensors' bits as integers, summed per tensor (exact, so the same on any device) and weighted by
+        the tensor's position, so that two swapped tensors differ."""
+        total = 0
+        for i, tensor in enumerate(tensors):
+            bits = tensor.detach().contiguous().view(-1)
+            bits = bits.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[bits.element_size()])
+            total += (i + 1) * int(bits.sum(dtype=torch.int64))
+        return total % (1 << 61)
 
     moments = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    return {"update": state.step, "epoch": stream.epoch, "batch": stream.offset,
-            "vocabulary": int(vocab.sha256[:15], 16), "weights": checksum(model.state_dict().values()),
-            "optimizer state": checksum(moments)}
+    return {"update": state.step, "epoch": stream.epoch, "batch": stream.offset, "batches per epoch":
+            len(stream.batches), "update plan": state.world_size * state.update_freq * state.max_tokens,
+            "vocabulary": int(vocab.sha256[:15], 16), "seed": job.seed,
+            "weights": checksum(model.state_dict().values()), "optimizer state": checksum(moments),
+            "loss scale": int(scaler.get_scale() * 1024) if scaler.is_enabled() else 0}
 
 
 # --------------------------------------------------------------------------------------------- the run
@@ -278,7 +281,7 @@ class Run:
     autocast: contextlib.AbstractContextManager
     state: TrainState
     writer: SummaryWriter | None = None
-    clock: Clock = None  # rank 0's clocks as every rank last received them (`agree`)
+    clock: Clock | None = None  # rank 0's clocks as every rank last received them (`agree`); set at init
     last_save: float = 0.0  # time.monotonic() of the last checkpoint (rank 0's is the one that counts)
 
     def __post_init__(self) -> None:
@@ -318,7 +321,7 @@ class Window:
     sums: torch.Tensor = None  # [loss, nll, tokens, updates], float64, all-reduced at each report
     seconds: float = 0.0
     lr: float = 0.0  # of the latest update
-    gnorm: torch.Tensor | float = 0.0  # its gradient norm (a tensor: read only when logged, no host sync per step)
+    gnorm: torch.Tensor | float = 0.0  # its gradient norm (a tensor, read on the host when logged)
 
     def __post_init__(self) -> None:
         self.sums = torch.zeros(4, dtype=torch.float64, device=self.device)
@@ -405,13 +408,13 @@ def provenance(*, world_size: int, update_freq: int, max_tokens: int, argv: list
 def log_window(run: Run, window: Window) -> None:
     stats = window.report(lr=window.lr, gnorm=float(window.gnorm))
     t, step = run.job.train, run.state.step
-    eta = (t.max_steps - step) * stats.pop("seconds_per_update") if t.max_steps else float("nan")
+    seconds_per_update = stats.pop("seconds_per_update")
+    eta = (t.max_steps - step) * seconds_per_update if t.max_steps else float("nan")
     log.info("update %d | lr %.3g | loss %.3f | nll %.3f | ppl %.2f | gnorm %.3f | %.0f tgt tok/s | "
              "%.0f tgt tok/update | eta %s", step, stats["lr"], stats["loss"], stats["nll"], stats["ppl"],
              stats["gnorm"], stats["tokens_per_s"], stats["tokens_per_update"], format_seconds(eta))
     for key, value in stats.items() if run.writer else ():
         run.writer.add_scalar(f"train/{key}", value, step)
-
 
 
 def print_summary(job, argv: list[str]) -> None:
