@@ -10,15 +10,16 @@ import torch
 import train
 
 
-def train_main(overrides: list[str]) -> int:
-    """`train.main(overrides)` in this process at one thread; then put back what it sets for the whole
-    process: the thread count, the SIGTERM/SIGINT handlers (Ctrl-C must still stop pytest) and the root
-    logger's handlers and level."""
+def train_main(overrides: list[str], *, threads: int = 1) -> int:
+    """`train.main(overrides)` in this process at `threads` threads (one: the count torchrun gives each
+    rank, so that runs compare bit for bit); then put back what it sets for the whole process: the thread
+    count, the SIGTERM/SIGINT handlers (Ctrl-C must still stop pytest) and the root logger's handlers and
+    level."""
     signals = (signal.SIGTERM, signal.SIGINT)
     threads, handlers = torch.get_num_threads(), [signal.getsignal(sig) for sig in signals]
     root = logging.getLogger()
     root_handlers, root_level = root.handlers[:], root.level
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     try:
         return train.main(overrides)
     finally:
