@@ -308,7 +308,8 @@ def average(paths: list[str | os.PathLike]) -> dict:
 
     Floating tensors are summed in float64 and cast back to their dtype; integer buffers, the model
     config, the SentencePiece model and the run config come from the last path. `step` is the newest of
-    the steps, `averaged_steps` lists them in the order given. Loads one checkpoint at a time.
+    the steps, `averaged_steps` lists them in the order given. Loads one checkpoint at a time, memory-mapped:
+    only the weights are read, not the optimizer state beside them (2/3 of a training checkpoint).
     """
     if not paths:
         raise CheckpointError("no checkpoints to average")
@@ -317,7 +318,7 @@ def average(paths: list[str | os.PathLike]) -> dict:
     reference = None  # (path, what must match) of the first checkpoint
     for path in paths:
         ckpt = last = None  # one checkpoint in memory at a time
-        ckpt = load(path)
+        ckpt = load(path, mmap=True)
         if not isinstance(ckpt.get("step"), int):
             raise CheckpointError(f"{path} has no training step; it cannot be averaged")
         steps.append(ckpt["step"])

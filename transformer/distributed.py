@@ -53,9 +53,12 @@ def init_from_env(device_type: str, *, timeout_s: float | None = None) -> DistIn
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
+        # device_id binds the process group to this rank's GPU at once (NCCL's eager init): no guessing of
+        # the device by the first collective, and a wrong LOCAL_RANK fails here.
         dist.init_process_group(
             backend="nccl" if device_type == "cuda" else "gloo",
             timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=torch.device("cuda", local_rank) if device_type == "cuda" else None,
         )
     return DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank)
 
