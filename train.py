@@ -37,7 +37,7 @@ from transformer.loss import label_smoothed_nll
 from transformer.model import Transformer, TransformerConfig
 from transformer.schedule import make_optimizer, make_scheduler
 from transformer.training import (Run, Start, StopRequest, Window, agree, dropout_seed, log_window, mixed_precision,
-                                  keep_best, plan_update, print_summary, resolve_run_dir,
+                                  keep_best, plan_update, print_summary, resolve_precision, resolve_run_dir,
                                   resume_or_initialise, start_fingerprint, user_error, write_run_record)
 from transformer.translation import corpus_nll, split_bleu, write_results
 
@@ -65,7 +65,8 @@ def build(job: TrainJob, *, dist: distributed.DistInfo, device: torch.device, ru
         model, start.init, init_from=job.init_from, vocab_mode=job.data.vocab, vocab=data.vocab,
         freeze_parts=t.freeze, train_top_layers=t.train_top_layers))
     scheduler = make_scheduler(optimizer, d_model=job.model.d_model, warmup_steps=t.warmup_steps, lr_scale=t.lr_scale)
-    autocast, scaler = mixed_precision(t.precision, device)
+    precision = resolve_precision(t.precision, device)
+    autocast, scaler = mixed_precision(precision, device)
     state = TrainState(world_size=dist.world_size, update_freq=plan.update_freq, max_tokens=plan.max_tokens,
                        device=device.type)
     if start.resume is not None:
@@ -85,7 +86,7 @@ def build(job: TrainJob, *, dist: distributed.DistInfo, device: torch.device, ru
     log.info("model: %s, %.1fM parameters; update: %d rank(s) × update_freq %d × max_tokens %d = %d tokens "
              "(train.tokens_per_update=%d); device %s, %s", model.config,
              sum(p.numel() for p in model.parameters()) / 1e6, dist.world_size, plan.update_freq, plan.max_tokens,
-             plan.tokens, t.tokens_per_update, device, t.precision)
+             plan.tokens, t.tokens_per_update, device, f"{precision}{' (auto)' if t.precision == 'auto' else ''}")
     return Run(job=job, dist=dist, device=device, run_dir=run_dir, data=data, stream=stream, model=model,
                train_model=train_model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, autocast=autocast,
                state=state, writer=SummaryWriter(str(run_dir / "tensorboard")) if dist.is_main else None)
@@ -106,7 +107,8 @@ def train_step(run: Run, window: Window, stop: StopRequest) -> str:
     Otherwise it counts towards train.max_nonfinite.
     """
     started, position = time.monotonic(), run.stream.state_dict()
-    batches = [(slot, collate(run.data.train.dataset, rows, device=run.device)) for slot, rows in run.stream.next_update()]
+    batches = [(slot, collate(run.data.train.dataset, rows, device=run.device))
+               for slot, rows in run.stream.next_update()]
     global_tokens, stopping = agree(run, sum(b.tgt_tokens for _, b in batches), stop.requested)
     if stopping:
         run.stream.load_state_dict(position)  # this update's batches were not trained on

@@ -189,8 +189,9 @@ def main() -> int:
               "model": describe(sizes(args.smoke)["config"]), "decode_work": sizes(args.smoke)["decode"],
               "versions": versions("ctranslate2"), "command": "python benchmarks/gpu_check.py"
               + (" --smoke" if args.smoke else "")}
-    for name, step in (("tests", lambda: check_tests(args.smoke)), ("training", lambda: check_training(device, args.smoke)),
-                       ("decoding", lambda: check_decoding(device, args.smoke))):
+    steps = {"tests": lambda: check_tests(args.smoke), "training": lambda: check_training(device, args.smoke),
+             "decoding": lambda: check_decoding(device, args.smoke)}
+    for name, step in steps.items():
         try:
             report[name] = step()
         except Exception as error:  # one failing step must not hide the others' figures

@@ -55,7 +55,7 @@ def test_the_architecture_keys_are_the_model_dataclass_fields():
     ("train.max_steps=abc", "train.max_steps=abc is invalid: Value 'abc' of type 'str' could not be converted"),
     ("model.d_modle=8", "Could not override 'model.d_modle'"),
     ("decode.beam=0", "decode.beam=0 must be a positive integer"),
-    ("train.precision=fp8", "train.precision=fp8 is not one of fp32, bf16, fp16"),
+    ("train.precision=fp8", "train.precision=fp8 is not one of auto, fp32, bf16, fp16"),
     ("train.valid_bleu_lines=0", "train.best_metric=bleu needs BLEU at validation"),
 ])
 def test_a_wrong_type_an_unknown_key_or_a_bad_value_is_refused_naming_the_key(override, message):
@@ -114,3 +114,16 @@ def test_multirun_runs_one_job_per_value_each_in_its_own_run_dir(tmp_path):
         assert saved["train"]["lr_scale"] == lr_scale and saved["run_dir"] == str(run_dir / str(number))
         assert (run_dir / str(number) / "checkpoints" / "averaged.pt").is_file()
     assert (run_dir / "multirun.yaml").is_file()
+
+
+def test_precision_auto_is_bf16_only_on_gpus_with_native_bf16(monkeypatch):
+    import torch
+
+    from transformer.training import resolve_precision
+
+    assert job().train.precision == "auto" and job("experiment=paper_big_en_de").train.precision == "auto"
+    assert resolve_precision("auto", torch.device("cpu")) == "fp32"
+    for capability, expected in (((8, 0), "bf16"), ((9, 0), "bf16"), ((7, 0), "fp32"), ((6, 0), "fp32")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert resolve_precision("auto", torch.device("cuda", 0)) == expected, capability
+    assert resolve_precision("fp16", torch.device("cuda", 0)) == "fp16"  # an explicit choice stays

@@ -151,7 +151,7 @@ class TrainConfig:
     freeze: list[str] = field(default_factory=list)  # parts kept fixed: encoder | decoder | embeddings
     train_top_layers: Optional[int] = None  # k: train only the top k layers of each stack; null: all
     clip_norm: float = 0.0  # 0: no clipping, as the paper
-    precision: str = "fp32"  # fp32 | bf16 | fp16
+    precision: str = "auto"  # auto (bf16 on a GPU with native bf16, else fp32) | fp32 | bf16 | fp16
     compile: bool = False
     max_steps: Optional[int] = 100000
     max_epochs: Optional[int] = None
@@ -181,7 +181,7 @@ class TrainConfig:
             _at_least(f"train.{key}", getattr(self, key), 0)
         _require(self.lr_scale > 0, f"train.lr_scale={self.lr_scale} must be positive")
         _require(0 <= self.label_smoothing < 1, f"train.label_smoothing={self.label_smoothing} must be in [0, 1)")
-        _one_of("train.precision", self.precision, ("fp32", "bf16", "fp16"))
+        _one_of("train.precision", self.precision, ("auto", "fp32", "bf16", "fp16"))
         _one_of("train.best_metric", self.best_metric, ("bleu", "loss", "nll"))
         _require(self.best_metric != "bleu" or self.valid_bleu_lines > 0,
                  "train.best_metric=bleu needs BLEU at validation, but train.valid_bleu_lines=0: set "

@@ -358,6 +358,16 @@ def user_error(error: BaseException) -> Exception | None:
     return distributed.peer_failure(error)
 
 
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """train.precision=auto as what it means on `device`: bf16 on a CUDA GPU with native bf16 matmuls
+    (compute capability 8.0 and later: A100, H100, ...), fp32 elsewhere (CPUs, older GPUs)."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0):
+        return "bf16"
+    return "fp32"
+
+
 def mixed_precision(precision: str, device: torch.device):
     """(autocast context, GradScaler) for train.precision = fp32 | bf16 | fp16 (the scaler is on for fp16 only)."""
     warn_if_emulated(precision, device.type)
@@ -421,7 +431,8 @@ def print_summary(job, argv: list[str]) -> None:
     """Where everything of a finished run is, and what to try next (stderr)."""
     run_dir = Path(job.run_dir)
     test_prefix, d = job.data.test_prefix, job.data
-    test_src, test_ref = (f"{test_prefix}.{d.src_lang}", f"{test_prefix}.{d.tgt_lang}") if test_prefix else ("src.txt", "ref.txt")
+    test_src, test_ref = ((f"{test_prefix}.{d.src_lang}", f"{test_prefix}.{d.tgt_lang}") if test_prefix
+                          else ("src.txt", "ref.txt"))
     print("\n".join([
         f"run directory:  {run_dir}",
         f"  checkpoints:  {run_dir / 'checkpoints'} (averaged.pt = the average of the last {job.train.average_last})",
