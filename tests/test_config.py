@@ -57,6 +57,7 @@ def test_the_architecture_keys_are_the_model_dataclass_fields():
     ("decode.beam=0", "decode.beam=0 must be a positive integer"),
     ("train.precision=fp8", "train.precision=fp8 is not one of auto, fp32, bf16, fp16"),
     ("train.valid_bleu_lines=0", "train.best_metric=bleu needs BLEU at validation"),
+    ("quickstart", "'quickstart' is not a key=value override: e.g. experiment=quickstart"),
 ])
 def test_a_wrong_type_an_unknown_key_or_a_bad_value_is_refused_naming_the_key(override, message):
     from transformer.errors import one_line
@@ -127,3 +128,9 @@ def test_precision_auto_is_bf16_only_on_gpus_with_native_bf16(monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
         assert resolve_precision("auto", torch.device("cuda", 0)) == expected, capability
     assert resolve_precision("fp16", torch.device("cuda", 0)) == "fp16"  # an explicit choice stays
+
+
+def test_a_bare_path_for_translate_or_evaluate_says_to_write_checkpoint():
+    for config_name in ("translate", "evaluate"):
+        with pytest.raises(ConfigError, match="write checkpoint=runs/quickstart"):
+            compose_config(["runs/quickstart"], config_name=config_name)

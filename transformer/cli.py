@@ -47,6 +47,11 @@ def compose_config(overrides: Sequence[str], *, config_name: str = "config") -> 
 
     `cfg.choices` records the group options chosen (model, data, experiment, ...), for naming runs.
     """
+    for override in overrides:  # Hydra's own message for these is "Error parsing override"
+        if "=" not in override and not override.startswith("-"):
+            hint = (f"to use that checkpoint or run directory, write checkpoint={override}"
+                    if config_name in ("translate", "evaluate") else "e.g. experiment=quickstart")
+            raise ConfigError(f"'{override}' is not a key=value override: {hint}")
     schema.register()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         cfg = compose(config_name, overrides=list(overrides), return_hydra_config=True)
@@ -140,7 +145,13 @@ def pick_device(name: str, local_rank: int = 0):
     if kind.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ConfigError(f"device={name} but no CUDA device is visible: use device=cpu or device=auto")
-        device = torch.device(kind) if ":" in kind else torch.device("cuda", local_rank)
+        try:
+            device = torch.device(kind) if ":" in kind else torch.device("cuda", local_rank)
+        except RuntimeError:  # e.g. cuda:x
+            raise ConfigError(f"device={name} is not one of auto, cpu, cuda, cuda:N") from None
+        if device.index >= torch.cuda.device_count():
+            raise ConfigError(f"device={name} but this machine has {torch.cuda.device_count()} CUDA device(s) "
+                              f"(cuda:0 to cuda:{torch.cuda.device_count() - 1}): choose one of them")
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
