@@ -16,14 +16,14 @@ def train_main(overrides: list[str], *, threads: int = 1) -> int:
     count, the SIGTERM/SIGINT handlers (Ctrl-C must still stop pytest) and the root logger's handlers and
     level."""
     signals = (signal.SIGTERM, signal.SIGINT)
-    threads, handlers = torch.get_num_threads(), [signal.getsignal(sig) for sig in signals]
+    previous_threads, handlers = torch.get_num_threads(), [signal.getsignal(sig) for sig in signals]
     root = logging.getLogger()
     root_handlers, root_level = root.handlers[:], root.level
     torch.set_num_threads(threads)
     try:
         return train.main(overrides)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(previous_threads)
         for sig, handler in zip(signals, handlers):
             signal.signal(sig, handler)
         root.handlers[:] = root_handlers
