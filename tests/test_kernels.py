@@ -1,7 +1,5 @@
 """transformer/kernels.py: each faster CPU kernel against torch's own operation, outputs and gradients."""
 
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,12 +10,6 @@ TOL = 1e-5
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(autouse=True)
-def onednn_for_float32(monkeypatch):
-    """oneDNN's float32 path on whatever CPU runs the tests (on AVX2-only ones `linear` would not take it)."""
-    monkeypatch.setattr(kernels, "ONEDNN_FLOAT32", kernels._ONEDNN_LINEAR is not None)
 
 
 def reference_linear(x, weight, bias):
@@ -144,32 +136,3 @@ def test_keep_freed_memory_applies_its_malloc_settings_on_glibc():
     applied = kernels.keep_freed_memory()
     assert applied == (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
     assert kernels.keep_freed_memory() == applied  # calling it again (a second entry point) is harmless
-
-
-@pytest.mark.parametrize(("capability", "chosen", "expected"), [
-    ("avx2", "auto", False), ("avx2", "onednn", True), ("avx2", "plain", False), ("default", "auto", False),
-])
-def test_float32_kernel_is_chosen_by_the_cpu_isa(capability, chosen, expected):
-    """An AVX2-only CPU (here: this CPU capped to AVX2) keeps F.linear for float32; the override wins."""
-    import subprocess
-    import sys
-
-    if kernels._ONEDNN_LINEAR is None:
-        pytest.skip("this torch build has no oneDNN linear kernel")
-    code = "from transformer import kernels; print(kernels.ONEDNN_FLOAT32)"
-    env = {"PATH": "/usr/bin:/bin", "ATEN_CPU_CAPABILITY": capability, "TRANSFORMER_CPU_LINEAR": chosen}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                         check=True, cwd=Path(__file__).resolve().parent.parent).stdout
-    assert out.strip() == str(expected)
-
-
-def test_float32_kernel_on_an_avx512_cpu_is_onednn(monkeypatch):
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
-    monkeypatch.delenv("TRANSFORMER_CPU_LINEAR", raising=False)
-    assert kernels._onednn_for_float32() == (kernels._ONEDNN_LINEAR is not None)
-
-
-def test_a_wrong_kernel_override_is_refused(monkeypatch):
-    monkeypatch.setenv("TRANSFORMER_CPU_LINEAR", "mkl")
-    with pytest.raises(ValueError, match="use auto, onednn or plain"):
-        kernels._onednn_for_float32()

@@ -1,7 +1,6 @@
 """Faster CPU kernels for the two operations of the model that dominate its time on CPU.
 
-- `linear` / `Linear`: float32 linear maps, y = x W^T + b as `nn.Linear`, computed by oneDNN on AVX-512
-  CPUs (`ONEDNN_FLOAT32`; MKL's, through F.linear, on AVX2-only ones); without
+- `linear` / `Linear`: float32 linear maps, y = x W^T + b as `nn.Linear`, computed by oneDNN; without
   autograd also bf16 ones, and inside `frozen_weights()` (search) from weights packed for oneDNN.
 - `scaled_dot_product_attention`: `F.scaled_dot_product_attention`, computed on CPU as matmul, softmax,
   matmul instead of by torch's CPU flash-attention kernel.
@@ -20,7 +19,6 @@ import contextvars
 import ctypes
 import functools
 import logging
-import os
 import platform
 
 import torch
@@ -40,23 +38,6 @@ def _onednn_linear_op():
 
 _ONEDNN_LINEAR = _onednn_linear_op()
 _ONEDNN_PACK = getattr(getattr(torch.ops, "mkldnn", None), "_reorder_linear_weight", None)
-
-
-def _onednn_for_float32() -> bool:
-    """Whether float32 linear maps on this CPU go to oneDNN rather than F.linear (MKL's sgemm): on CPUs with
-    AVX-512 (torch's CPU capability "AVX512", AMX CPUs included), where oneDNN was the faster of the two;
-    not on AVX2-only CPUs, where MKL was as fast or faster (docs/BENCHMARKS.md, 'Kernel choice on an
-    AVX2-only CPU'). A rule by ISA rather than a timing at start, so every rank and every run of a machine
-    computes with the same kernels. TRANSFORMER_CPU_LINEAR=onednn | plain overrides it (benchmarks)."""
-    chosen = os.environ.get("TRANSFORMER_CPU_LINEAR", "auto")
-    if chosen not in ("auto", "onednn", "plain"):
-        raise ValueError(f"TRANSFORMER_CPU_LINEAR={chosen!r}: use auto, onednn or plain")
-    if _ONEDNN_LINEAR is None or chosen == "plain":
-        return False
-    return chosen == "onednn" or torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-
-
-ONEDNN_FLOAT32 = _onednn_for_float32()  # read by `linear` at each call: a test or benchmark may flip it
 
 
 @functools.cache
@@ -173,18 +154,15 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """F.linear(x, weight, bias), with float32 on CPU computed by oneDNN instead of the BLAS behind F.linear.
 
     Why: torch's CPU builds send float32 F.linear to MKL, whose sgemm runs its AVX2 code on AMD CPUs;
-    on an AVX-512 CPU oneDNN uses AVX-512 and is faster in all three matmuls of a training step
-    (docs/BENCHMARKS.md, 'Where our speed comes from'); on an AVX2-only CPU it is not, and float32 stays
-    with F.linear (`ONEDNN_FLOAT32`). Same maths; only the rounding of the sums may differ (~1e-6
-    relative), as between thread counts. Without autograd, float32 (where ONEDNN_FLOAT32) and bfloat16 go
-    to oneDNN, with packed weights inside `frozen_weights()`. Everything else (GPU, autocast, fp16, bf16
-    with autograd, torch.compile, a torch without the kernel, bf16 on a CPU without native bf16) goes to
-    F.linear.
+    oneDNN uses AVX-512 there and is faster in all three matmuls of a training step (docs/BENCHMARKS.md,
+    'Where our speed comes from'). Same maths; only the rounding of the sums may differ (~1e-6
+    relative), as between thread counts. Without autograd, float32 and bfloat16 go to oneDNN, with
+    packed weights inside `frozen_weights()`. Everything else (GPU, autocast, fp16, bf16 with autograd,
+    torch.compile, a torch without the kernel, bf16 on a CPU without native bf16) goes to F.linear.
     """
     if (_ONEDNN_LINEAR is None or x.device.type != "cpu" or x.dtype != weight.dtype
             or x.dtype not in (torch.float32, torch.bfloat16) or torch.is_autocast_enabled("cpu")
-            or torch.compiler.is_compiling() or (x.dtype == torch.bfloat16 and not native_bf16())
-            or (x.dtype == torch.float32 and not ONEDNN_FLOAT32)):
+            or torch.compiler.is_compiling() or (x.dtype == torch.bfloat16 and not native_bf16())):
         return F.linear(x, weight, bias)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad)):
