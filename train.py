@@ -24,7 +24,7 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.tensorboard import SummaryWriter
 
-from data.batching import BatchStream, collate
+from data.batching import BatchStream, Prefetcher
 from data.pipeline import Prepared, prepare
 from data.quickstart_corpus import write_corpus
 from transformer import checkpoint as ckpt
@@ -36,9 +36,10 @@ from transformer.kernels import keep_freed_memory
 from transformer.loss import label_smoothed_nll
 from transformer.model import Transformer, TransformerConfig
 from transformer.schedule import make_optimizer, make_scheduler
-from transformer.training import (Run, Start, StopRequest, Window, agree, dropout_seed, log_window, mixed_precision,
-                                  keep_best, plan_update, print_summary, resolve_precision, resolve_run_dir,
-                                  resume_or_initialise, start_fingerprint, user_error, write_run_record)
+from transformer.training import (Run, Start, StopRequest, Window, agree, dropout_seed, keep_best, log_window,
+                                  mixed_precision, plan_update, print_summary, resolve_precision, resolve_run_dir,
+                                  resume_or_initialise, settle, start_fingerprint, step_if_finite, user_error,
+                                  write_run_record)
 from transformer.translation import corpus_nll, split_bleu, write_results
 
 log = logging.getLogger("train")
@@ -82,14 +83,28 @@ def build(job: TrainJob, *, dist: distributed.DistInfo, device: torch.device, ru
             model, device_ids=[device.index] if device.type == "cuda" else None,
             broadcast_buffers=False)  # the only buffer is the fixed sinusoid table
     if t.compile:
-        train_model = torch.compile(train_model)
+        train_model = compile_for_batches(train_model)
     log.info("model: %s, %.1fM parameters; update: %d rank(s) × update_freq %d × max_tokens %d = %d tokens "
              "(train.tokens_per_update=%d); device %s, %s", model.config,
              sum(p.numel() for p in model.parameters()) / 1e6, dist.world_size, plan.update_freq, plan.max_tokens,
              plan.tokens, t.tokens_per_update, device, f"{precision}{' (auto)' if t.precision == 'auto' else ''}")
-    return Run(job=job, dist=dist, device=device, run_dir=run_dir, data=data, stream=stream, model=model,
+    return Run(job=job, dist=dist, device=device, run_dir=run_dir, data=data, stream=stream,
+               batches=Prefetcher(data.train.dataset, device), model=model,
                train_model=train_model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, autocast=autocast,
                state=state, writer=SummaryWriter(str(run_dir / "tensorboard")) if dist.is_main else None)
+
+
+def compile_for_batches(module: torch.nn.Module, *, backend: str = "inductor") -> torch.nn.Module:
+    """torch.compile for batches whose (B, S, T) change every pass: one graph for them all, one more for B = 1.
+
+    Why dynamic=True: by default dynamo compiles the first batch's sizes as constants and makes them symbolic
+    only when the next shape arrives, a whole inductor compile (forward and backward) spent on one shape; with
+    constant sizes (dynamic=False) it compiles per shape until torch._dynamo.config.recompile_limit (8), then
+    runs eagerly. Dynamo still specialises sizes of 1: a one-sentence batch gets its own graph, and so would
+    a batch of empty sentences (S or T = 1). Padding lengths to multiples of 8 in `collate` instead would
+    change the eager batches and train.max_tokens' count. tests/test_compile.py counts the graphs.
+    """
+    return torch.compile(module, dynamic=True, backend=backend)
 
 
 # ------------------------------------------------------------------------------------------------ an update
@@ -98,22 +113,22 @@ MIN_LOSS_SCALE = 1e-4  # fp16: below this GradScaler scale, an overflow is diver
 
 
 def train_step(run: Run, window: Window, stop: StopRequest) -> str:
-    """One update: `update_freq` forward/backward passes per rank, then one optimizer step; "update".
-    "stop" (and nothing trained) when any rank received a stop signal: every rank stops at the same update.
+    """One update: `update_freq` forward/backward passes per rank, then one optimizer step; "update", or "stop"
+    when any rank has received a stop signal (every rank stops after the same update).
 
-    A non-finite gradient norm skips the optimizer step. In fp16 that is GradScaler calibrating its loss scale
-    (it halves it): "overflow", and the update is made again from the same batches at the lower scale (the
-    update number, the lr schedule and the data do not move), until the scale falls below MIN_LOSS_SCALE.
-    Otherwise it counts towards train.max_nonfinite.
+    The host waits for the device once, at the end (`settle`): the token count, the stop signals and the
+    finiteness of the gradient norm are read together, after the next update's batches are collated.
+    A non-finite gradient norm skips the optimizer step (on the device). In fp16 that is GradScaler
+    calibrating its loss scale (it halves it): "overflow", and the update is made again from the same
+    batches at the lower scale (the update number, the lr schedule and the data do not move), until the
+    scale falls below MIN_LOSS_SCALE. Otherwise it counts towards train.max_nonfinite.
     """
     started, position = time.monotonic(), run.stream.state_dict()
-    batches = [(slot, collate(run.data.train.dataset, rows, device=run.device))
-               for slot, rows in run.stream.next_update()]
-    global_tokens, stopping = agree(run, sum(b.tgt_tokens for _, b in batches), stop.requested)
-    if stopping:
-        run.stream.load_state_dict(position)  # this update's batches were not trained on
-        return "stop"
+    batches = run.batches.next_update(run.stream)
+    agreed = agree(run, sum(b.tgt_tokens for _, b in batches), stop.requested)
     state, world, step, losses = run.state, run.dist.world_size, run.state.step + 1, []
+    # DDP averages gradients over ranks; × world_size / global tokens turns that into the per-token mean.
+    per_token = (world / agreed[0]).float()
     for i, (slot, batch) in enumerate(batches):
         torch.manual_seed(dropout_seed(run.job.seed, step, slot))
         last = i == len(batches) - 1
@@ -122,23 +137,28 @@ def train_step(run: Run, window: Window, stop: StopRequest) -> str:
                 logits = run.train_model(batch.src, batch.tgt_in)
             loss, nll = label_smoothed_nll(logits, batch.tgt_out, epsilon=run.job.train.label_smoothing,
                                            ignore_index=run.model.config.pad_id)
-            # DDP averages gradients over ranks; × world_size turns that into the global sum.
-            run.scaler.scale(loss * (world / global_tokens)).backward()
+            run.scaler.scale(loss * per_token).backward()
         losses.append((loss, nll))
     run.scaler.unscale_(run.optimizer)
     clip = run.job.train.clip_norm if run.job.train.clip_norm > 0 else math.inf
     window.gnorm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), clip)
-    finite, scale = bool(torch.isfinite(window.gnorm)), run.scaler.get_scale() if run.scaler.is_enabled() else 1.0
-    if finite:
-        run.scaler.step(run.optimizer)
+    finite = torch.isfinite(window.gnorm)
+    if run.scaler.is_enabled():
+        run.scaler.step(run.optimizer)  # skips a step with non-finite gradients itself
+    else:
+        step_if_finite(run.optimizer, finite)
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
-    if not finite and run.scaler.is_enabled() and scale >= MIN_LOSS_SCALE:
-        log.info("update %d: fp16 overflow, loss scale %g → %g; the update is made again", step, scale,
-                 run.scaler.get_scale())
-        run.stream.load_state_dict(position)
-        state.train_seconds += time.monotonic() - started
-        return "overflow"
+    run.batches.prepare(run.stream)  # the next update's batches, while the device computes this one
+    global_tokens, stopping, finite = settle(run, agreed, finite)
+    if not finite and run.scaler.is_enabled():
+        scale = run.scaler.get_scale() / run.scaler.get_backoff_factor()  # the scale this update had
+        if scale >= MIN_LOSS_SCALE:
+            log.info("update %d: fp16 overflow, loss scale %g → %g; the update is made again", step, scale,
+                     run.scaler.get_scale())
+            run.stream.load_state_dict(position)
+            state.train_seconds += time.monotonic() - started
+            return "stop" if stopping else "overflow"
     state.step, state.train_tokens = step, state.train_tokens + int(global_tokens)
     state.nonfinite = 0 if finite else state.nonfinite + 1
     if not finite:
@@ -154,7 +174,7 @@ def train_step(run: Run, window: Window, stop: StopRequest) -> str:
     seconds = time.monotonic() - started
     state.train_seconds += seconds
     window.end_update(losses, global_tokens / world, seconds)
-    return "update"
+    return "stop" if stopping else "update"
 
 
 # ------------------------------------------------------------------------------------ logging, validation

@@ -10,6 +10,7 @@
   k passes consume exactly the batches of 1 rank × N·k passes. Its position (epoch, offset into the
   epoch) is in global-stream terms, so it can be saved and restored under another world size.
 - `collate`: pad one batch into tensors; teacher forcing: decoder input [BOS] + y, labels y + [EOS].
+- `Prefetcher`: collates the next update's batches while the device computes the current one.
 """
 
 from __future__ import annotations
@@ -96,15 +97,24 @@ class BatchStream:
 
     def next_update(self) -> list[tuple[int, np.ndarray]]:
         """This rank's batches of the next update; every rank advances the position by the whole update."""
+        mine, self._epoch, self._offset = self._deal(self._epoch, self._offset)
+        return mine
+
+    def peek_update(self) -> list[tuple[int, np.ndarray]]:
+        """What `next_update()` will return, without moving the position."""
+        return self._deal(self._epoch, self._offset)[0]
+
+    def _deal(self, epoch: int, offset: int) -> tuple[list[tuple[int, np.ndarray]], int, int]:
+        """(this rank's batches of the update at (epoch, offset), the position after that update)."""
         k = self.update_freq
         mine = []
         for slot in range(self.world_size * k):
             if self.rank * k <= slot < (self.rank + 1) * k:
-                mine.append((slot, self.batches[self.epoch_order(self._epoch)[self._offset]]))
-            self._offset += 1
-            if self._offset == len(self.batches):
-                self._epoch, self._offset = self._epoch + 1, 0
-        return mine
+                mine.append((slot, self.batches[self.epoch_order(epoch)[offset]]))
+            offset += 1
+            if offset == len(self.batches):
+                epoch, offset = epoch + 1, 0
+        return mine, epoch, offset
 
     def __iter__(self) -> Iterator[list[tuple[int, np.ndarray]]]:
         while True:
@@ -161,7 +171,35 @@ def collate(dataset: datasets.Dataset, indices, *, device: torch.device | str | 
     tgt_in[:, 1:][body[:, :-1]] = tgt_values                    # y shifted right by one
     batch = Batch(src=torch.from_numpy(src), tgt_in=torch.from_numpy(tgt_in), tgt_out=torch.from_numpy(tgt_out),
                   src_tokens=int(src_lens.sum()) + B, tgt_tokens=int(tgt_lens.sum()) + B)
-    return batch if device is None else batch.to(device)
+    if device is None:
+        return batch
+    if torch.device(device).type == "cuda":  # from page-locked memory the copy is asynchronous
+        return Batch(batch.src.pin_memory(), batch.tgt_in.pin_memory(), batch.tgt_out.pin_memory(),
+                     batch.src_tokens, batch.tgt_tokens).to(device, non_blocking=True)
+    return batch.to(device)
+
+
+class Prefetcher:
+    """The batches of each update, collated (and on CUDA, sent to the device) while the previous update
+    computes: `prepare(stream)` at the end of an update, after its work is queued on the device and before
+    the host waits for it; `next_update(stream)` at the start of the next. What was prepared is used only
+    if the stream is still at the position it was prepared at (a redone or restored update collates anew).
+    """
+
+    def __init__(self, dataset: datasets.Dataset, device: torch.device):
+        self.dataset, self.device = dataset, device
+        self._ahead: tuple[dict, list[tuple[int, Batch]]] | None = None
+
+    def _collate(self, update: list[tuple[int, np.ndarray]]) -> list[tuple[int, Batch]]:
+        return [(slot, collate(self.dataset, rows, device=self.device)) for slot, rows in update]
+
+    def prepare(self, stream: BatchStream) -> None:
+        self._ahead = (stream.state_dict(), self._collate(stream.peek_update()))
+
+    def next_update(self, stream: BatchStream) -> list[tuple[int, Batch]]:
+        position, ahead, self._ahead = stream.state_dict(), self._ahead, None
+        update = stream.next_update()
+        return ahead[1] if ahead is not None and ahead[0] == position else self._collate(update)
 
 
 def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:

@@ -8,17 +8,23 @@ hang into a failure within seconds, and every launch has a timeout.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
-import torch
-
 import test_train
-from test_train import ROOT, run, subprocess_env
+import torch
+from test_train import ROOT, assert_training_states_equal, run, subprocess_env
+
 from data.batching import BatchStream
 from data.vocab import Vocab
 from transformer import checkpoint as ckpt
@@ -29,7 +35,7 @@ from transformer.training import MIN_TOKENS, plan_update, start_fingerprint
 
 corpus = test_train.corpus  # test_train.py's module-scoped fixture, registered in this module as well
 
-# train.py, reporting on exit the update at which each rank's loop made its last stop decision.
+# train.py, reporting on exit each rank's last trained update and its loop's last stop decision.
 REPORTING_TRAIN = textwrap.dedent("""
     import atexit, os, sys
     sys.path.insert(0, {root!r})
@@ -44,7 +50,14 @@ REPORTING_TRAIN = textwrap.dedent("""
         seen.update(update=run.state.step, reason=reason)
         return reason
 
-    train.stop_reason = stop_reason
+    real_train_step = train.train_step
+
+    def train_step(run, window, stop):
+        outcome = real_train_step(run, window, stop)
+        seen.update(update=run.state.step)
+        return outcome
+
+    train.stop_reason, train.train_step = stop_reason, train_step
     atexit.register(lambda: print(f"rank {{os.environ['RANK']}} ended at update {{seen.get('update')}}: "
                                   f"{{seen.get('reason')}}", flush=True))
     sys.argv[0] = os.path.join({root!r}, "train.py")
@@ -52,15 +65,46 @@ REPORTING_TRAIN = textwrap.dedent("""
 """)
 
 
+def torchrun_command(tmp_path: Path, overrides: list[str], *, nproc: int,
+                     launcher: tuple[str, ...] = ("--standalone",)) -> list[str]:
+    """train.py (reporting its last stop decision) under torchrun with `nproc` gloo ranks."""
+    script = tmp_path / "reporting_train.py"
+    if not script.exists():  # launchers started together share it: never rewritten while one reads it
+        script.write_text(REPORTING_TRAIN.format(root=str(ROOT)))
+    return [sys.executable, "-m", "torch.distributed.run", *launcher, "--nproc_per_node", str(nproc),
+            str(script), *overrides]
+
+
+def torchrun_env() -> dict:
+    return {**subprocess_env(), "TRANSFORMER_DIST_TIMEOUT_S": "20"}  # a rank left alone fails in 20 s
+
+
 def torchrun(tmp_path: Path, overrides: list[str], *, nproc: int = 2, timeout: float = 300) -> tuple[int, str]:
     """(exit status, output) of train.py under torchrun with `nproc` gloo ranks, hangs cut at 20 s."""
-    script = tmp_path / "reporting_train.py"
-    script.write_text(REPORTING_TRAIN.format(root=str(ROOT)))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               str(script), *overrides]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                            env={**subprocess_env(), "TRANSFORMER_DIST_TIMEOUT_S": "20"})
+    result = subprocess.run(torchrun_command(tmp_path, overrides, nproc=nproc), cwd=ROOT, capture_output=True,
+                            text=True, timeout=timeout, env=torchrun_env(), check=False)
     return result.returncode, result.stdout + result.stderr
+
+
+@contextlib.contextmanager
+def launched(command: list[str], log: Path):
+    """A launcher started in its own process group, output to `log`; it and its ranks are SIGKILLed on the
+    way out if still running, so a failed or hung test leaves no process behind."""
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, cwd=ROOT, env=torchrun_env(), stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def final_updates(output: str) -> dict[int, int]:
@@ -107,20 +151,52 @@ def test_update_plan_with_update_freq_given_uses_max_tokens_as_it_is():
     assert (plan.update_freq, plan.max_tokens, plan.tokens, warning) == (2, 4096, 65536, None)
 
 
-@pytest.mark.slow
-def test_eight_ranks_log_the_effective_update_and_equal_one_process(corpus, tmp_path):
-    changes = {"train.update_freq": "null", "train.tokens_per_update": 2048, "train.max_tokens": 512,
+# 8 ranks of 2048 / 8 = 256 tokens each, for 2 updates.
+EIGHT_RANKS = {"train.update_freq": "null", "train.tokens_per_update": 2048, "train.max_tokens": 512,
                "train.max_steps": 2, "train.log_every_steps": 1}
-    status, output = torchrun(tmp_path, corpus.overrides(tmp_path / "eight", changes), nproc=8, timeout=400)
-    assert status == 0, output[-4000:]
+
+
+@functools.cache
+def one_process_of_eight_passes(corpus: test_train.Corpus) -> dict:
+    """last.pt of one process making the update of 8 ranks as 8 passes of 256 tokens (update_freq given,
+    max_tokens as given); trained once per module, for every test that compares 8 ranks with it."""
+    return run(corpus, corpus.directory / "one_process_of_eight_passes",
+               {**EIGHT_RANKS, "train.update_freq": 8, "train.max_tokens": 256})
+
+
+def assert_eight_ranks_equal_one_process(run_dir: Path, output: str, corpus: test_train.Corpus) -> None:
     assert "update: 8 rank(s) × update_freq 1 × max_tokens 256 = 2048 tokens" in output
-    assert set(final_updates(output).values()) == {2} and len(final_updates(output)) == 8
-    # One process making the same update of 8 passes of 256 tokens (update_freq given, max_tokens as given).
-    one = run(corpus, tmp_path / "one", {**changes, "train.update_freq": 8, "train.max_tokens": 256})
-    eight = ckpt.load(ckpt.last_path(tmp_path / "eight"))
+    assert set(final_updates(output).values()) == {2} and len(final_updates(output)) == 8, output[-4000:]
+    eight, one = ckpt.load(ckpt.last_path(run_dir)), one_process_of_eight_passes(corpus)
     assert eight["data_state"] == one["data_state"] and eight["step"] == one["step"] == 2
     worst = max((eight["model"][name] - one["model"][name]).abs().max().item() for name in one["model"])
     assert worst <= 1e-6
+
+
+@pytest.mark.slow
+def test_eight_ranks_log_the_effective_update_and_equal_one_process(corpus, tmp_path):
+    status, output = torchrun(tmp_path, corpus.overrides(tmp_path / "eight", EIGHT_RANKS), nproc=8, timeout=400)
+    assert status == 0, output[-4000:]
+    assert_eight_ranks_equal_one_process(tmp_path / "eight", output, corpus)
+
+
+@pytest.mark.slow
+def test_two_launchers_of_four_ranks_equal_one_process(corpus, tmp_path):
+    """`--nnodes 2` on 127.0.0.1 with the c10d rendezvous of the README: two torchrun launchers of 4 ranks,
+    one run_dir (the shared filesystem every node must see), make the update of 8 ranks on one machine."""
+    port, run_dir = free_port(), tmp_path / "two_nodes"
+    logs = [tmp_path / f"node{node}.log" for node in (0, 1)]
+    with contextlib.ExitStack() as stack:
+        nodes = [stack.enter_context(launched(torchrun_command(
+            tmp_path, corpus.overrides(run_dir, EIGHT_RANKS), nproc=4,
+            launcher=("--nnodes", "2", "--node_rank", str(node), "--rdzv_backend", "c10d",
+                      "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "two-nodes")), logs[node]))
+            for node in (0, 1)]
+        deadline = time.monotonic() + 400
+        codes = [node.wait(timeout=max(1.0, deadline - time.monotonic())) for node in nodes]
+    output = "\n".join(log.read_text(errors="replace") for log in logs)
+    assert codes == [0, 0], output[-4000:]
+    assert_eight_ranks_equal_one_process(run_dir, output, corpus)
 
 
 # ---------------------------------------------------------------------------------- decisions every rank takes
@@ -181,8 +257,8 @@ def test_start_fingerprint_sees_every_part_of_the_state(corpus, tmp_path):
     stream = BatchStream([3] * 40, [3] * 40, max_tokens=12, seed=1)
     vocab, job = Vocab.load(corpus.spm_model), TrainJob()
 
-    def fingerprint(state=TrainState(), stream=stream, job=job):
-        return start_fingerprint(job, model, optimizer, scaler, state, stream, vocab)
+    def fingerprint(state=None, stream=stream, job=job):
+        return start_fingerprint(job, model, optimizer, scaler, state or TrainState(), stream, vocab)
 
     base = fingerprint()
     assert fingerprint() == base  # a function of the state
@@ -240,3 +316,47 @@ def test_a_two_rank_run_resumed_in_one_process_continues_from_the_same_position(
     assert resumed["data_state"] == whole["data_state"] != stopped["data_state"]
     worst = max((resumed["model"][n] - whole["model"][n]).abs().max().item() for n in whole["model"])
     assert worst <= 1e-5
+
+
+# ------------------------------------------------------------------------------------- a stop and a resume
+
+
+def wait_for(text: str, log: Path, process: subprocess.Popen, *, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text(errors="replace"):
+        assert process.poll() is None, log.read_text(errors="replace")[-4000:]
+        assert time.monotonic() < deadline, f"{text!r} not printed within {timeout} s"
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_two_ranks_stopped_by_sigterm_and_resumed_equal_an_uninterrupted_run(corpus, tmp_path):
+    """SIGTERM to torchrun alone, which forwards it to its ranks: both save and stop at the same update, the
+    same command resumes them, and the end is bit for bit that of 2 ranks never stopped."""
+    changes = {"train.max_steps": 60}  # ~50 ms an update: the stop comes long before the end
+    status, output = torchrun(tmp_path, corpus.overrides(tmp_path / "whole", changes))
+    assert status == 0, output[-4000:]
+    command, log = torchrun_command(tmp_path, corpus.overrides(tmp_path / "stopped", changes), nproc=2), \
+        tmp_path / "stopped.log"
+    with launched(command, log) as launcher:
+        wait_for("| update 3 ", log, launcher, timeout=300)
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=120)
+    output = log.read_text(errors="replace")
+    k = ckpt.load(ckpt.last_path(tmp_path / "stopped"))["step"]
+    assert 3 <= k < 60, output[-4000:]
+    assert output.count("SIGTERM received: saving") == 2, output[-4000:]  # each rank got it
+    assert f"stopped by a signal at update {k}; run the same command to resume" in output
+    # Both ranks left through a normal exit (the report is printed at exit) after the same update, with no
+    # traceback through our code; torchrun itself exits 1 with its SignalException (docs/RELIABILITY.md).
+    assert final_updates(output) == {0: k, 1: k}, output[-4000:]
+    assert f'File "{ROOT}' not in output and f'File "{tmp_path}' not in output, output[-4000:]
+    assert launcher.returncode == 1 and "SignalException" in output, output[-4000:]
+
+    status, output = torchrun(tmp_path, corpus.overrides(tmp_path / "stopped", changes))
+    assert status == 0, output[-4000:]
+    assert f"resuming from {ckpt.last_path(tmp_path / 'stopped')} (update {k})" in output, output[-4000:]
+    assert final_updates(output) == {0: 60, 1: 60}
+    resumed, whole = (ckpt.load(ckpt.last_path(tmp_path / name)) for name in ("stopped", "whole"))
+    assert resumed["step"] == 60 and resumed["world_size"] == 2
+    assert_training_states_equal(resumed, whole)

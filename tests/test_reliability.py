@@ -205,9 +205,11 @@ def test_sigint_delivered_twice_saves_once_and_resume_is_bit_identical(corpus, t
     signal_at_update(monkeypatch, 3, times=2)
     stopped = run(corpus, tmp_path / "interrupted", {"train.max_steps": 100})
     monkeypatch.undo()
-    assert stopped["step"] == 3  # update 3 finished, then the loop stopped at the update boundary
+    # The signal came during update 3, after its agreement: update 4 carries it to every rank (it is read
+    # with that update's one host sync) and the loop stops after it, at the update boundary.
+    assert stopped["step"] == 4
     err = capsys.readouterr().err
-    assert err.count("SIGINT received") == 1 and "stopped by a signal at update 3" in err
+    assert err.count("SIGINT received") == 1 and "stopped by a signal at update 4" in err
 
     resumed = run(corpus, tmp_path / "interrupted", {"train.max_steps": 6})
     whole = run(corpus, tmp_path / "whole", {"train.max_steps": 6})

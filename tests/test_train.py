@@ -408,3 +408,60 @@ def test_tiny_model_overfits_a_small_real_batch(shared_data, tmp_path):
     q_true = 1 - epsilon + epsilon / VOCAB
     floor = -(q_true * math.log(q_true) + (VOCAB - 1) * (epsilon / VOCAB) * math.log(epsilon / VOCAB))
     assert loss > floor > nll
+
+
+# -------------------------------------------------------------------------------------------- the hot loop
+
+
+class HostWaits(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records, in order, every point at which the host waits for the device: reading a value (`.item()`,
+    `bool()`, `int()`), ops whose output shape depends on the data (nonzero, masked_select), and
+    `Tensor.tolist()` / `.numpy()`, which on a CPU tensor read memory without an op. (A copy to the CPU,
+    the other kind of wait, cannot happen in a CPU-only run.)"""
+
+    WAITS = {torch.ops.aten._local_scalar_dense, torch.ops.aten.nonzero, torch.ops.aten.masked_select,
+             torch.ops.aten.is_nonzero, torch.ops.aten.equal, torch.ops.aten.unique_consecutive,
+             torch.ops.aten._unique2}
+
+    def __init__(self, events: list[str]):
+        super().__init__()
+        self.events = events
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in self.WAITS:
+            self.events.append(f"wait:{func.overloadpacket.__name__}")
+        return func(*args, **(kwargs or {}))
+
+
+def test_an_update_waits_for_the_device_once_after_collating_the_next(corpus, tmp_path, monkeypatch):
+    updates: list[list[str]] = []  # what happened in each train_step
+    inside = []
+    real_step, real_collate = train.train_step, train.Prefetcher._collate
+
+    def recorded(method_name, real):
+        def wrapper(self, *args, **kwargs):
+            if inside:
+                updates[-1].append(method_name)
+            return real(self, *args, **kwargs)
+        return wrapper
+
+    def step(run, window, stop):
+        updates.append([])
+        inside.append(True)
+        try:
+            with HostWaits(updates[-1]):
+                return real_step(run, window, stop)
+        finally:
+            inside.pop()
+
+    monkeypatch.setattr(train, "train_step", step)
+    monkeypatch.setattr(train.Prefetcher, "_collate", lambda self, update: (updates[-1].append("collate"),
+                                                                            real_collate(self, update))[1])
+    monkeypatch.setattr(torch.Tensor, "tolist", recorded("wait:tolist", torch.Tensor.tolist))
+    monkeypatch.setattr(torch.Tensor, "numpy", recorded("wait:numpy", torch.Tensor.numpy))
+    run(corpus, tmp_path, {"train.max_steps": 4, "train.log_every_steps": 100, "train.update_freq": 2})
+
+    assert len(updates) == 4
+    # The first update collates its own batches; every update collates the next one's before its one wait.
+    assert updates[0] == ["collate", "collate", "wait:tolist"]
+    assert updates[1:] == [["collate", "wait:tolist"]] * 3

@@ -115,7 +115,9 @@ class Transformer(nn.Module):
     def encode(self, src_tokens: Tensor) -> EncoderOut:
         """src_tokens [B, S] int64 (pieces, EOS, then PAD) -> EncoderOut(out [B, S, D], src_mask [B, S])."""
         src_mask = src_tokens != self.config.pad_id
-        if not torch.compiler.is_compiling():  # a data-dependent check: keep it out of compiled graphs
+        # A data-dependent check (the host waits for the device): not in compiled graphs, nor in training,
+        # whose batches come from data.batching.collate, which ends every source with EOS.
+        if not (self.training or torch.compiler.is_compiling()):
             empty = ~src_mask.any(dim=1)
             if empty.any():
                 row = int(empty.nonzero()[0, 0])

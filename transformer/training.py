@@ -25,7 +25,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
-from data.batching import BatchStream
+from data.batching import BatchStream, Prefetcher
 from data.pipeline import Prepared
 from data.vocab import Vocab
 from transformer import checkpoint as ckpt
@@ -206,17 +206,38 @@ class Clock:
     since_save: float = 0.0
 
 
-def agree(run: Run, tokens: float, stop_requested: bool) -> tuple[float, bool]:
-    """The one collective of an update, before its backward passes: the target tokens of all ranks (the
-    loss divisor) and whether any rank received a stop signal; it also brings every rank rank 0's `Clock`.
-    Returns (global tokens, stop)."""
+def agree(run: Run, tokens: int, stop_requested: bool) -> torch.Tensor:
+    """The one collective of an update, before its backward passes: [target tokens of all ranks (the loss
+    divisor), stop signals received, rank 0's training seconds, rank 0's seconds since the last save],
+    summed over ranks, a float64 tensor left on the device. The host reads it once, at the end of the
+    update (`settle`), so that the device never waits for the host in between."""
     main = run.dist.is_main
     values = torch.tensor([tokens, float(stop_requested), run.state.train_seconds if main else 0.0,
                            time.monotonic() - run.last_save if main else 0.0], dtype=torch.float64, device=run.device)
     distributed.all_reduce_sum(values)
-    global_tokens, stops, train_seconds, since_save = values.tolist()
+    return values
+
+
+def settle(run: Run, agreed: torch.Tensor, finite: torch.Tensor) -> tuple[float, bool, bool]:
+    """The update's one host sync: what `agree` summed and whether its gradient norm was finite; brings
+    every rank rank 0's `Clock`. Returns (global tokens, stop, finite)."""
+    global_tokens, stops, train_seconds, since_save, is_finite = torch.cat([agreed, finite.double()[None]]).tolist()
     run.clock = Clock(train_seconds=train_seconds, since_save=since_save)
-    return global_tokens, stops > 0
+    return global_tokens, stops > 0, is_finite > 0
+
+
+def step_if_finite(optimizer: torch.optim.Optimizer, finite: torch.Tensor) -> None:
+    """optimizer.step() unless `finite` (a device bool) is False. Optimizers that take GradScaler's
+    `found_inf` (fused Adam) skip on the device, parameters and step counts alike, without waiting for the
+    host; others read `finite` on the host."""
+    if getattr(optimizer, "_step_supports_amp_scaling", False):
+        optimizer.grad_scale, optimizer.found_inf = None, (~finite).float()
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.grad_scale, optimizer.found_inf
+    elif bool(finite):
+        optimizer.step()
 
 
 def keep_best(run: Run, metrics: dict[str, float]) -> None:
@@ -273,6 +294,7 @@ class Run:
     run_dir: Path
     data: Prepared
     stream: BatchStream
+    batches: Prefetcher  # collates the stream's next update ahead
     model: Transformer
     train_model: torch.nn.Module  # the model, under DDP and torch.compile when they are on
     optimizer: torch.optim.Optimizer
@@ -281,7 +303,7 @@ class Run:
     autocast: contextlib.AbstractContextManager
     state: TrainState
     writer: SummaryWriter | None = None
-    clock: Clock | None = None  # rank 0's clocks as every rank last received them (`agree`); set at init
+    clock: Clock | None = None  # rank 0's clocks as every rank last received them (`settle`); set at init
     last_save: float = 0.0  # time.monotonic() of the last checkpoint (rank 0's is the one that counts)
 
     def __post_init__(self) -> None:
