@@ -9,18 +9,21 @@
   next epoch when needed: no partial updates) and rank r gets slots r·k … r·k+k-1 of them, so N ranks ×
   k passes consume exactly the batches of 1 rank × N·k passes. Its position (epoch, offset into the
   epoch) is in global-stream terms, so it can be saved and restored under another world size.
+- `TokenArrays`: a split's token ids as flat arrays (memory-mapped from the data cache in training), the
+  layout `collate` reads with a few vectorised gathers (fairseq's indexed datasets keep the same layout).
 - `collate`: pad one batch into tensors; teacher forcing: decoder input [BOS] + y, labels y + [EOS].
 - `Prefetcher`: collates the next update's batches while the device computes the current one.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import datasets
 import numpy as np
-import pyarrow as pa
 import torch
 
 from data.errors import DataError
@@ -149,13 +152,91 @@ class Batch:
         return Batch(move(self.src), move(self.tgt_in), move(self.tgt_out), self.src_tokens, self.tgt_tokens)
 
 
-def collate(dataset: datasets.Dataset, indices, *, device: torch.device | str | None = None, pad_id: int = PAD_ID,
+@dataclass(frozen=True)
+class TokenArrays:
+    """The pieces of every pair of a split, flat: pair i's source is src[src_offsets[i]:src_offsets[i + 1]]
+    (likewise the target), without EOS.
+
+    Why not the Arrow dataset itself: picking a batch's rows out of it costs milliseconds (a Dataset view
+    per call, a take over its chunks, list flattening), while from flat arrays a batch is a few numpy
+    gathers: what keeps one CPU core ahead of a GPU (docs/BENCHMARKS.md, "Input path"). In training the
+    arrays are memory-mapped .npy files in the data cache (`from_dataset(out=)`, `load`), so the ranks of a machine share
+    one copy in the page cache and memory does not grow with the corpus.
+    """
+
+    src: np.ndarray          # [sum of source lengths] int32
+    src_offsets: np.ndarray  # [N + 1] int64
+    tgt: np.ndarray
+    tgt_offsets: np.ndarray
+
+    FILES = ("src.npy", "src_offsets.npy", "tgt.npy", "tgt_offsets.npy")
+
+    def __len__(self) -> int:
+        return len(self.src_offsets) - 1
+
+    @classmethod
+    def from_dataset(cls, dataset: datasets.Dataset, *, out: Path | None = None,
+                     rows_per_read: int = 100_000) -> TokenArrays:
+        """The `src_ids` / `tgt_ids` columns of an encoded dataset, read `rows_per_read` pairs at a time; into
+        memory-mapped files in the folder `out` when given (each written under a temporary name, then renamed,
+        so a reader never sees a partial file)."""
+        table = dataset.with_format("arrow", columns=["src_ids", "tgt_ids"])
+        parts = lambda: table.iter(batch_size=rows_per_read) if len(dataset) else iter(())  # noqa: E731
+        arrays = {}
+        for side in ("src", "tgt"):
+            lengths = [np.diff(part.column(f"{side}_ids").combine_chunks().offsets.to_numpy()) for part in parts()]
+            offsets = np.zeros(len(dataset) + 1, dtype=np.int64)
+            np.cumsum(np.concatenate(lengths) if lengths else [], out=offsets[1:])
+            total = int(offsets[-1])
+            values = (np.empty(total, dtype=np.int32) if out is None else
+                      np.lib.format.open_memmap(out / f"{side}.npy.tmp", mode="w+", dtype=np.int32, shape=(total,)))
+            for part, (start, end) in zip(parts(), _spans(offsets, rows_per_read)):
+                values[start:end] = part.column(f"{side}_ids").combine_chunks().flatten().to_numpy()
+            arrays[side], arrays[f"{side}_offsets"] = values, offsets
+        if out is None:
+            return cls(**arrays)
+        for side in ("src", "tgt"):
+            arrays[side].flush()
+            with open(out / f"{side}_offsets.npy.tmp", "wb") as f:
+                np.save(f, arrays[f"{side}_offsets"], allow_pickle=False)
+        for name in cls.FILES:  # `saved_in` wants all four: an interrupted rename is written again
+            os.replace(out / f"{name}.tmp", out / name)
+        return cls.load(out)
+
+    @classmethod
+    def load(cls, directory: Path) -> TokenArrays:
+        """The arrays `from_dataset(out=directory)` wrote, memory-mapped read-only."""
+        # Plain ndarray views of the maps: np.memmap's own indexing adds a Python call per gather.
+        return cls(**{name[:-4]: np.load(directory / name, mmap_mode="r", allow_pickle=False).view(np.ndarray)
+                      for name in cls.FILES})
+
+    @classmethod
+    def saved_in(cls, directory: Path) -> bool:
+        return all((directory / name).is_file() for name in cls.FILES)
+
+
+def _spans(offsets: np.ndarray, rows: int) -> Iterator[tuple[int, int]]:
+    """(first value, end) of each slice of `rows` pairs."""
+    for first in range(0, len(offsets) - 1, rows):
+        yield int(offsets[first]), int(offsets[min(first + rows, len(offsets) - 1)])
+
+
+def _gather(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the pieces of `rows`, one row after the other; their lengths)."""
+    starts = offsets[rows]
+    lengths = offsets[rows + 1] - starts
+    at = np.cumsum(lengths) - lengths  # where each row starts in the output
+    index = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(starts - at, lengths)
+    return values[index], lengths
+
+
+def collate(tokens: TokenArrays, indices, *, device: torch.device | str | None = None, pad_id: int = PAD_ID,
             bos_id: int = BOS_ID, eos_id: int = EOS_ID) -> Batch:
-    """Pad the rows `indices` of an encoded dataset (`src_ids`, `tgt_ids`) into a `Batch` (on `device`)."""
-    rows = dataset.with_format("arrow", columns=["src_ids", "tgt_ids"])[np.asarray(indices, dtype=np.int64)]
-    src_values, src_lens = _flat(rows.column("src_ids"))
-    tgt_values, tgt_lens = _flat(rows.column("tgt_ids"))
-    B = len(src_lens)
+    """Pad the pairs `indices` of a split into a `Batch` (on `device`)."""
+    rows = np.asarray(indices, dtype=np.int64)
+    src_values, src_lens = _gather(tokens.src, tokens.src_offsets, rows)
+    tgt_values, tgt_lens = _gather(tokens.tgt, tokens.tgt_offsets, rows)
+    B = len(rows)
     S, T = int(src_lens.max(initial=0)) + 1, int(tgt_lens.max(initial=0)) + 1
     rows_b = np.arange(B)
 
@@ -186,12 +267,12 @@ class Prefetcher:
     if the stream is still at the position it was prepared at (a redone or restored update collates anew).
     """
 
-    def __init__(self, dataset: datasets.Dataset, device: torch.device):
-        self.dataset, self.device = dataset, device
+    def __init__(self, tokens: TokenArrays, device: torch.device):
+        self.tokens, self.device = tokens, device
         self._ahead: tuple[dict, list[tuple[int, Batch]]] | None = None
 
     def _collate(self, update: list[tuple[int, np.ndarray]]) -> list[tuple[int, Batch]]:
-        return [(slot, collate(self.dataset, rows, device=self.device)) for slot, rows in update]
+        return [(slot, collate(self.tokens, rows, device=self.device)) for slot, rows in update]
 
     def prepare(self, stream: BatchStream) -> None:
         self._ahead = (stream.state_dict(), self._collate(stream.peek_update()))
@@ -200,10 +281,3 @@ class Prefetcher:
         position, ahead, self._ahead = stream.state_dict(), self._ahead, None
         update = stream.next_update()
         return ahead[1] if ahead is not None and ahead[0] == position else self._collate(update)
-
-
-def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """(all values row after row, row lengths) of a list column."""
-    array = column.combine_chunks()
-    lengths = np.diff(array.offsets.to_numpy()).astype(np.int64)
-    return array.flatten().to_numpy(zero_copy_only=False).astype(np.int64), lengths

@@ -5,6 +5,7 @@
     prepared.train.dataset           # datasets.Dataset: src_ids, tgt_ids, src_len, tgt_len
     prepared.train.src_lengths       # numpy int64 [N], pieces without EOS (also .tgt_lengths)
     prepared.train.report            # data.corpus.CleanReport: what cleaning removed
+    prepared.train.tokens            # data.batching.TokenArrays: the ids, flat and memory-mapped, for collate
     prepared.valid.dataset           # ... plus the stripped text src, tgt (for BLEU); also .test
 
 `prepare` is idempotent: a second call with the same corpus, cleaning keys and vocabulary loads the
@@ -31,6 +32,7 @@ import numpy as np
 from filelock import FileLock
 
 from data import corpus
+from data.batching import TokenArrays
 from data.corpus import CleanReport
 from data.errors import DataError
 from transformer.checkpoint import atomic_write
@@ -53,6 +55,7 @@ class Split:
     tgt_lengths: np.ndarray
     report: CleanReport
     cache_entry: Path
+    tokens: TokenArrays  # the same ids as flat memory-mapped arrays, for batching (data.batching.collate)
 
 
 @dataclass(frozen=True)
@@ -183,8 +186,10 @@ def prepare(
             ds, report, entry = _encoded_split(
                 settings, split, vocab, cache_dir=cache_dir, hashes=hashes, load_clean=load_clean, log=log)
             src_lengths, tgt_lengths = corpus.lengths(ds)
+            if not TokenArrays.saved_in(entry):  # also for a cache entry written before they existed
+                TokenArrays.from_dataset(ds, out=entry)
             out[split] = Split(dataset=ds, src_lengths=src_lengths, tgt_lengths=tgt_lengths, report=report,
-                               cache_entry=entry)
+                               cache_entry=entry, tokens=TokenArrays.load(entry))
     return Prepared(vocab=vocab, vocab_path=vocab_path, splits=out)
 
 

@@ -8,7 +8,7 @@ import pytest
 import sentencepiece as spm
 
 from data import corpus
-from data.batching import BatchStream, batch_by_size, collate
+from data.batching import BatchStream, TokenArrays, batch_by_size, collate
 from data.corpus import CleanReport, HubSource, clean, load, text_source
 from data.errors import DataError
 from data.pipeline import prepare
@@ -243,7 +243,7 @@ def test_collated_batches_fit_the_budget_as_padded(vocab, tmp_path):
     batches, skipped = batch_by_size(src, tgt, 300)
     assert sum(map(len, batches)) + skipped == 300
     for b in batches:
-        batch = collate(ds, b)
+        batch = collate(TokenArrays.from_dataset(ds), b)
         assert batch.src.shape[0] * max(batch.src.shape[1], batch.tgt_in.shape[1]) <= 300
 
 
@@ -336,7 +336,7 @@ def test_collate_teacher_forcing_shifts_the_target_by_one(vocab, tmp_path):
                         ["Hallo Welt", "Ein viel längerer Satz"])
     ds = corpus.encode(load(text_source(prefix, "en", "de"), cache_dir=tmp_path), vocab,
                        cache_file=tmp_path / "enc" / "e.arrow")
-    batch = collate(ds, [1, 0])
+    batch = collate(TokenArrays.from_dataset(ds), [1, 0])
     for row, i in enumerate([1, 0]):
         x, y = ds[i]["src_ids"], ds[i]["tgt_ids"]
         assert batch.src[row, : len(x) + 1].tolist() == x + [EOS_ID]
@@ -435,13 +435,35 @@ def test_stream_over_nothing_that_fits_is_a_one_line_error():
     one_line(error)
 
 
+@pytest.mark.parametrize("rows_per_read", [7, 100_000])
+def test_token_arrays_hold_the_datasets_ids_in_memory_and_memory_mapped(vocab, tmp_path, rows_per_read):
+    rng = np.random.default_rng(5)
+    words = ["Haus", "Katze", "und", "Überraschung", "x"]
+    lines = [" ".join(rng.choice(words, size=rng.integers(1, 12))) for _ in range(60)]
+    prefix = write_pair(tmp_path / "c", lines, lines[::-1])
+    encoded = corpus.encode(load(text_source(prefix, "en", "de"), cache_dir=tmp_path), vocab,
+                            cache_file=tmp_path / "enc" / "e.arrow")
+    ds = encoded.select(range(3, 60, 2))  # a view with an indices mapping: its own rows, in its order
+    (tmp_path / "flat").mkdir()
+    for tokens in (TokenArrays.from_dataset(ds, rows_per_read=rows_per_read),
+                   TokenArrays.from_dataset(ds, out=tmp_path / "flat", rows_per_read=rows_per_read)):
+        assert len(tokens) == len(ds)
+        for i in range(len(ds)):
+            for side in ("src", "tgt"):
+                offsets, values = getattr(tokens, f"{side}_offsets"), getattr(tokens, side)
+                assert values[offsets[i]:offsets[i + 1]].tolist() == ds[i][f"{side}_ids"]
+    assert TokenArrays.saved_in(tmp_path / "flat") and not list((tmp_path / "flat").glob("*.tmp"))
+    mapped = TokenArrays.load(tmp_path / "flat")
+    assert isinstance(mapped.src.base, np.memmap) and not mapped.src.flags.writeable
+
+
 def test_stream_counts_skipped_pairs_and_collate_moves_to_device(vocab, tmp_path):
     stream = BatchStream([3, 50, 4], [3, 2, 6], max_tokens=20, seed=0)
     assert stream.skipped == 1 and sorted(np.concatenate(stream.batches).tolist()) == [0, 2]
     prefix = write_pair(tmp_path / "c", ["Hello world"], ["Hallo Welt"])
     ds = corpus.encode(load(text_source(prefix, "en", "de"), cache_dir=tmp_path), vocab,
                        cache_file=tmp_path / "enc" / "e.arrow")
-    assert collate(ds, [0], device="cpu").src.device.type == "cpu"
+    assert collate(TokenArrays.from_dataset(ds), [0], device="cpu").src.device.type == "cpu"
 
 
 def test_stored_vocabulary_is_used_when_vocab_size_is_null(small_corpus, tmp_path):
