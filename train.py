@@ -89,7 +89,7 @@ def build(job: TrainJob, *, dist: distributed.DistInfo, device: torch.device, ru
              sum(p.numel() for p in model.parameters()) / 1e6, dist.world_size, plan.update_freq, plan.max_tokens,
              plan.tokens, t.tokens_per_update, device, f"{precision}{' (auto)' if t.precision == 'auto' else ''}")
     return Run(job=job, dist=dist, device=device, run_dir=run_dir, data=data, stream=stream,
-               batches=Prefetcher(data.train.dataset, device), model=model,
+               batches=Prefetcher(data.train.tokens, device), model=model,
                train_model=train_model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, autocast=autocast,
                state=state, writer=SummaryWriter(str(run_dir / "tensorboard")) if dist.is_main else None)
 
@@ -272,18 +272,19 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest) -> int:
         elif t.save_every_minutes and run.clock.since_save >= 60 * t.save_every_minutes:
             run.save_last()
 
-    # 4. Finish: the averaged checkpoint, the test translation, where everything is.
+    # 4. Finish: the averaged checkpoint, the test translation, where everything is. The ranks leave the
+    # process group first: rank 0's lone work would otherwise hold the others in a collective that times out.
     if reason == "a stop signal":
         run.save_last()
         log.info("stopped by a signal at update %d; run the same command to resume", run.state.step)
     else:
         log.info("training stopped at update %d: %s", run.state.step, reason)
-        if dist.is_main:
-            finish(run, argv)
     if run.writer:
         run.writer.close()
     distributed.barrier()
     distributed.cleanup()
+    if reason != "a stop signal" and dist.is_main:
+        finish(run, argv)
     return 0
 
 

@@ -65,24 +65,39 @@ REPORTING_TRAIN = textwrap.dedent("""
 """)
 
 
+# ... and rank 0's end of run (averaging, the test translation) made slower than the collective timeout.
+SLOW_FINISH = "\n".join([
+    "import time",
+    "real_finish = train.finish",
+    "train.finish = lambda run, argv: (time.sleep(3 * float(os.environ['TRANSFORMER_DIST_TIMEOUT_S'])),",
+    "                                  real_finish(run, argv))",
+])
+
+
 def torchrun_command(tmp_path: Path, overrides: list[str], *, nproc: int,
-                     launcher: tuple[str, ...] = ("--standalone",)) -> list[str]:
-    """train.py (reporting its last stop decision) under torchrun with `nproc` gloo ranks."""
-    script = tmp_path / "reporting_train.py"
+                     launcher: tuple[str, ...] = ("--standalone",), patch: str = "") -> list[str]:
+    """train.py (reporting its last stop decision, with `patch` applied to the train module) under torchrun
+    with `nproc` gloo ranks."""
+    text = REPORTING_TRAIN.format(root=str(ROOT)).replace("train.stop_reason, train.train_step = ",
+                                                          patch + "\ntrain.stop_reason, train.train_step = ")
+    script = tmp_path / f"reporting_train{'_patched' if patch else ''}.py"
     if not script.exists():  # launchers started together share it: never rewritten while one reads it
-        script.write_text(REPORTING_TRAIN.format(root=str(ROOT)))
+        script.write_text(text)
     return [sys.executable, "-m", "torch.distributed.run", *launcher, "--nproc_per_node", str(nproc),
             str(script), *overrides]
 
 
-def torchrun_env() -> dict:
-    return {**subprocess_env(), "TRANSFORMER_DIST_TIMEOUT_S": "20"}  # a rank left alone fails in 20 s
+def torchrun_env(timeout_s: float = 20) -> dict:
+    return {**subprocess_env(), "TRANSFORMER_DIST_TIMEOUT_S": str(timeout_s)}  # a rank left alone fails then
 
 
-def torchrun(tmp_path: Path, overrides: list[str], *, nproc: int = 2, timeout: float = 300) -> tuple[int, str]:
-    """(exit status, output) of train.py under torchrun with `nproc` gloo ranks, hangs cut at 20 s."""
-    result = subprocess.run(torchrun_command(tmp_path, overrides, nproc=nproc), cwd=ROOT, capture_output=True,
-                            text=True, timeout=timeout, env=torchrun_env(), check=False)
+def torchrun(tmp_path: Path, overrides: list[str], *, nproc: int = 2, timeout: float = 300, patch: str = "",
+             collective_timeout_s: float = 20) -> tuple[int, str]:
+    """(exit status, output) of train.py under torchrun with `nproc` gloo ranks, hangs cut at
+    `collective_timeout_s`."""
+    result = subprocess.run(torchrun_command(tmp_path, overrides, nproc=nproc, patch=patch), cwd=ROOT,
+                            capture_output=True, text=True, timeout=timeout, env=torchrun_env(collective_timeout_s),
+                            check=False)
     return result.returncode, result.stdout + result.stderr
 
 
@@ -226,6 +241,20 @@ def test_max_time_stops_every_rank_at_the_same_update(corpus, tmp_path):
     ends = final_updates(output)
     assert len(ends) == 2 and len(set(ends.values())) == 1, output[-4000:]
     assert "max_time=3" in output
+
+
+@pytest.mark.slow
+def test_the_other_ranks_do_not_wait_in_a_collective_while_rank_0_finishes(corpus, tmp_path):
+    """Averaging and the test translation run on rank 0 alone and can take longer than the collective
+    timeout: the other ranks must have left the process group by then, and the run ends with exit 0."""
+    run_dir = tmp_path / "run"
+    status, output = torchrun(tmp_path, corpus.overrides(run_dir, {"train.max_steps": 2, "train.save_every_steps": 1,
+                                                                   "train.average_last": 2}),
+                              patch=SLOW_FINISH, collective_timeout_s=3)
+
+    assert status == 0, output[-4000:]
+    assert final_updates(output) == {0: 2, 1: 2}, output[-4000:]
+    assert ckpt.averaged_path(run_dir).is_file()
 
 
 # ------------------------------------------------------------------------------------------ an agreed start
