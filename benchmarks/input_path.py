@@ -9,7 +9,7 @@ update's batches and `collate` pads them into tensors (on a GPU it also copies t
 and queues the transfer; this CPU-only build of torch cannot pin memory, so that part is not in the figure).
 Data: the real 45.5k-pair EN-DE sample (`../shared/data/text`), encoded with a 37k BPE vocabulary as the
 paper's base recipe does, batched by the plan train.py derives for 1 GPU (7 passes of 3,571 tokens) and for
-rank 0 of 8 GPUs (1 pass of 3,125 tokens). One thread, one process.
+rank 0 of 8 GPUs (1 pass of 3,125 tokens). One thread, one process; the fastest of 3 rounds of `--updates`.
 
 What one H200 consumes is an estimate, not a measurement: the matmul FLOPs of each update's padded batches
 (`train_step.step_flops`, forward and backward) at 60 % of the H200's dense bf16 peak (989 TFLOP/s), an
@@ -41,6 +41,7 @@ from transformer.training import plan_update  # noqa: E402
 HEADING = "## Input path"
 H200_BF16_PEAK = 989e12  # FLOP/s, dense bf16 (NVIDIA's H200 datasheet)
 ASSUMED_MFU = 0.6
+ROUNDS = 3
 
 
 def prepared_sample(data: Path, work: Path):
@@ -59,16 +60,20 @@ def measure_world(prepared, world_size: int, updates: int) -> dict:
     config = TransformerConfig.base(vocab_size=prepared.vocab.size)
     for _ in range(5):  # warm-up: the Arrow pages, numpy's allocations
         batches.next_update(stream)
-    flops, tokens, seconds = 0.0, 0, 0.0
-    for _ in range(updates):
-        start = time.thread_time()  # CPU time of this thread: what one dedicated core needs, whatever the load
-        update = batches.next_update(stream)
-        seconds += time.thread_time() - start
-        for _, batch in update:
-            b, s = batch.src.shape
-            t = batch.tgt_out.shape[1]
-            flops += step_flops(config, b, s, t) * world_size  # every rank's GPU does this much
-            tokens += batch.tgt_tokens
+    flops, tokens, rounds = 0.0, 0, []
+    for _ in range(ROUNDS):  # the fastest round: a loaded machine slows even a thread's CPU time (caches)
+        seconds = 0.0
+        for _ in range(updates):
+            start = time.thread_time()  # CPU time of this thread: what one dedicated core needs
+            update = batches.next_update(stream)
+            seconds += time.thread_time() - start
+            for _, batch in update:
+                b, s = batch.src.shape
+                t = batch.tgt_out.shape[1]
+                flops += step_flops(config, b, s, t) * world_size / ROUNDS  # every rank's GPU does this much
+                tokens += batch.tgt_tokens / ROUNDS
+        rounds.append(seconds)
+    seconds = min(rounds)
     gpu_seconds = flops / updates / world_size / (ASSUMED_MFU * H200_BF16_PEAK)  # per update, per GPU
     return {"world": world_size, "plan": f"{plan.update_freq} × {plan.max_tokens}", "updates_per_s": updates / seconds,
             "ms": 1000 * seconds / updates, "tgt_tokens": tokens / updates, "gpu_updates_per_s": 1 / gpu_seconds,
