@@ -365,6 +365,59 @@ def test_exhaustive_beam_finds_the_brute_force_best(style, alpha):
             assert hyp.score == pytest.approx(score, abs=1e-5)
 
 
+def pruned_search_by_enumeration(model, src_row: torch.Tensor, cap: int, beam: int, alpha: float, style: str,
+                                 nbest: int):
+    """The pruned search's own rule, run on Python lists, every prefix scored by a fresh teacher-forced pass:
+    at each step extend every live prefix by every emittable token (only EOS at the cap), rank all those
+    candidates by summed log-probability and keep the 2 * beam best; the EOS candidates among the first
+    `beam` finish (normalised), the first `beam` non-EOS candidates live on. Runs to the cap (early stop must
+    not change the result). Returns the `nbest` finished hypotheses, best first."""
+    emittable = [t for t in range(model.config.vocab_size) if t not in (PAD, BOS)]
+    live, finished = [((), 0.0)], []
+    for t in range(cap + 1):
+        candidates = []
+        for prefix, score in live:
+            with torch.no_grad():
+                logits = model(src_row[None], torch.tensor([[BOS, *prefix]]))[0, -1]
+            log_probs = torch.log_softmax(logits.double(), dim=-1)
+            for token in ([EOS] if t == cap else emittable):
+                candidates.append((score + log_probs[token].item(), prefix, token))
+        kept = sorted(candidates, key=lambda c: -c[0])[:2 * beam]
+        for score, prefix, token in kept[:beam]:
+            if token == EOS:
+                length = len(prefix) + 1
+                finished.append((list(prefix), score / (((5 + length) / 6) ** alpha if style == "gnmt"
+                                                        else length ** alpha)))
+        live = [(prefix + (token,), score) for score, prefix, token in kept if token != EOS][:beam]
+    return sorted(finished, key=lambda pair: -pair[1])[:nbest]
+
+
+@pytest.mark.parametrize("beam, style, alpha", [(1, "gnmt", 0.6), (2, "gnmt", 0.6), (3, "gnmt", 2.0),
+                                                (2, "power", 1.0)])
+def test_pruning_beam_follows_its_rule_enumerated(beam, style, alpha, one_torch_thread):
+    # Vocabulary 8: 6 emittable tokens a step, so caps 3 and 4 give 6^3 and 6^4 sequences, far more than the
+    # beam keeps: pruning decides what is found.
+    model = tiny_model(vocab_size=8, seed=5)
+    src = random_source(8, [2, 3], seed=6)
+    hyps = beam_search(model, src, beam=beam, lenpen=alpha, lenpen_style=style, max_len_a=1, max_len_b=1,
+                       nbest=beam)
+    for row, cap, sentence in zip(src, [3, 4], hyps):
+        expected = pruned_search_by_enumeration(model, row, cap, beam, alpha, style, beam)
+        assert [h.tokens for h in sentence] == [tokens for tokens, _ in expected]
+        for hyp, (_, score) in zip(sentence, expected):
+            assert hyp.score == pytest.approx(score, abs=1e-5)
+
+
+def test_the_pruned_cases_prune_something(one_torch_thread):
+    """The enumeration above would prove little if pruning never changed the answer: on these models a small
+    beam misses brute force's best for some sentence."""
+    model = tiny_model(vocab_size=8, seed=5)
+    src = random_source(8, [2, 3], seed=6)
+    missed = [pruned_search_by_enumeration(model, row, cap, 1, 0.6, "gnmt", 1)[0][0]
+              != brute_force(model, row[None], cap, 0.6, "gnmt")[0][0] for row, cap in zip(src, [3, 4])]
+    assert any(missed)
+
+
 def test_an_empty_batch_gives_no_hypotheses():
     model = tiny_model(vocab_size=20, seed=4)
     empty = torch.zeros((0, 5), dtype=torch.long)
