@@ -297,12 +297,16 @@ def test_failed_checkpoint_write_keeps_earlier_checkpoints_and_says_what_happene
 
 # ------------------------------------------------------------------------------------------- distributed
 
+# docs/RELIABILITY.md's promise: from a rank's failure to the end of every process. Measured 1-3.5 s on 2 idle
+# cores, 6.4-13.1 s with the 2 cores shared by ~18 runnable processes (2026-12-02).
+FAILURE_TO_EXIT_S = 20
+
 
 @pytest.mark.slow
-def test_rank_killed_mid_run_stops_the_others_within_60_seconds(corpus, tmp_path):
+def test_rank_killed_mid_run_stops_the_others_within_20_seconds(corpus, tmp_path):
     status, output, seconds = run_with_fault(corpus, tmp_path, "sigkill@1:3")
     assert status != 0
-    assert seconds < 60, output[-3000:]
+    assert seconds < FAILURE_TO_EXIT_S, output[-3000:]
     assert "Signal 9 (SIGKILL)" in output  # torchrun's summary names the rank that died and how
     assert "error: rank 0: another rank failed, was stopped or stopped answering" in output, output[-3000:]
     assert_no_rank_traceback(output)
@@ -312,7 +316,7 @@ def test_rank_killed_mid_run_stops_the_others_within_60_seconds(corpus, tmp_path
 def test_out_of_memory_on_one_rank_stops_every_rank_with_one_line(corpus, tmp_path):
     status, output, seconds = run_with_fault(corpus, tmp_path, "oom@1:3")
     assert status != 0
-    assert seconds < 60, output[-3000:]
+    assert seconds < FAILURE_TO_EXIT_S, output[-3000:]
     assert "error: out of memory on rank 1 (CUDA out of memory. Tried to allocate 20.00 GiB (injected)): " \
            "lower train.max_tokens" in output, output[-3000:]
     assert "error: rank 0: another rank failed" in output
@@ -324,7 +328,7 @@ def test_nonfinite_gradients_on_one_rank_are_skipped_by_all_then_abort_together(
     """The gradient norm is computed after DDP's all-reduce, so every rank sees the same non-finite value,
     skips the same updates and gives up at the same one: nobody waits for a rank that left."""
     status, output, seconds = run_with_fault(corpus, tmp_path, "nan@1:3", {"train.max_nonfinite": 3})
-    assert status != 0 and seconds < 60, output[-3000:]
+    assert status != 0 and seconds < FAILURE_TO_EXIT_S, output[-3000:]
     for update, in_a_row in ((3, 1), (4, 2), (5, 3)):
         assert output.count(f"update {update}: non-finite gradient norm, skipped ({in_a_row} in a row)") == 2
     assert "error: 3 updates in a row had non-finite gradients (last: update 5)" in output
