@@ -7,6 +7,8 @@
 stdout: one line per metric (sacreBLEU's BLEU and chrF lines with their signatures, then `tokBLEU|...`,
 the paper's tokenized BLEU). Hypotheses and scores.json go to `out` (default run_dir/eval/<test set>/);
 a row is appended to `table` (default run_dir/eval/table.md) in the layout of the paper's Table 2 or 3.
+An ensemble (`checkpoint=[a.pt,b.pt]`) translates and is scored as one model: its perplexity is that of
+the members' mean log-probabilities, renormalised (tests/test_translate_evaluate.py computes it by hand).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ sacreBLEU's own command line and the published figures of a real system (../shar
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -271,6 +272,105 @@ def test_an_ensemble_of_two_checkpoints_translates(tiny_run, capsys, monkeypatch
     assert len(out) == len(sources)
     assert str(a) in err and str(b) in err  # both models were loaded
     assert bleu(out, references) >= 90
+
+
+# Two untrained models of one vocabulary, seeds 1 and 2: they disagree on every sentence, in milliseconds.
+DISAGREEING_SOURCES = ["the cat sees a dog", "a dog sees the cat", "the small cat sleeps", "dogs see cats"]
+
+
+@pytest.fixture(scope="module")
+def disagreeing_checkpoints(tmp_path_factory) -> tuple[Path, Path]:
+    directory = tmp_path_factory.mktemp("disagreeing")
+    vocab = train_vocab(DISAGREEING_SOURCES * 50, None, 300)
+    paths = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        model = Transformer(TransformerConfig(vocab_size=vocab.size, d_model=16, heads=2, d_ff=32, encoder_layers=1,
+                                              decoder_layers=1, dropout=0.0))
+        paths.append(directory / f"seed{seed}.pt")
+        ckpt.save({"format_version": ckpt.FORMAT_VERSION, "model_config": dataclasses.asdict(model.config),
+                   "model": model.state_dict(), "spm_model": ckpt.spm_tensor(vocab.model_proto)}, paths[-1])
+    return paths[0], paths[1]
+
+
+def loaded_models(paths) -> tuple[list[Transformer], Vocab]:
+    states = [ckpt.load(path) for path in paths]
+    models = []
+    for state in states:
+        models.append(Transformer(TransformerConfig(**state["model_config"])))
+        models[-1].load_state_dict(state["model"])
+        models[-1].eval()
+    return models, Vocab.from_bytes(ckpt.spm_bytes(states[0]))
+
+
+DISAGREEING_DECODE = ["decode.beam=2", "decode.nbest=2", "decode.max_len_a=0", "decode.max_len_b=6"]
+
+
+def test_translate_decodes_an_ensemble_with_every_member(disagreeing_checkpoints, capsys, monkeypatch,
+                                                         one_torch_thread):
+    """Beam search over the mean of both members' log-probabilities, here step by step by hand: a
+    translate.py that used one member only, or summed instead of averaging, writes other n-best lists."""
+    a, b = disagreeing_checkpoints
+    ensemble, _ = run_translate([f"checkpoint=[{a},{b}]", *DISAGREEING_DECODE], capsys, monkeypatch,
+                                stdin_of(DISAGREEING_SOURCES))
+    alone = [run_translate([f"checkpoint={path}", *DISAGREEING_DECODE], capsys, monkeypatch,
+                           stdin_of(DISAGREEING_SOURCES))[0] for path in (a, b)]
+    assert ensemble != alone[0] and ensemble != alone[1]
+    models, vocab = loaded_models([a, b])
+    config = models[0].config
+    expected = []
+    for number, source in enumerate(vocab.encode(DISAGREEING_SOURCES)):
+        src = torch.tensor([source + [config.eos_id]])
+        # The pruned search of test_search.py's enumeration, on the mean of the members' log-probabilities.
+        live, finished = [((), 0.0)], []
+        for t in range(6 + 1):
+            candidates = []
+            for prefix, score in live:
+                with torch.no_grad():
+                    log_probs = torch.stack([torch.log_softmax(m(src, torch.tensor([[config.bos_id, *prefix]]))[0, -1]
+                                                               .double(), dim=-1) for m in models]).mean(dim=0)
+                allowed = [config.eos_id] if t == 6 else [i for i in range(config.vocab_size)
+                                                          if i not in (config.pad_id, config.bos_id)]
+                candidates += [(score + log_probs[token].item(), prefix, token) for token in allowed]
+            kept = sorted(candidates, key=lambda c: -c[0])[:4]
+            finished += [(prefix, score / ((5 + len(prefix) + 1) / 6) ** 0.6)
+                         for score, prefix, token in kept[:2] if token == config.eos_id]
+            live = [(prefix + (token,), score) for score, prefix, token in kept if token != config.eos_id][:2]
+        for prefix, score in sorted(finished, key=lambda pair: -pair[1])[:2]:
+            expected.append((number, vocab.decode([list(prefix)])[0], score))
+    got = [NBEST.fullmatch(line).groups() for line in ensemble]
+    # Untrained models write byte pieces too; translate.py keeps each translation on one line (line breaks
+    # and other separators become spaces), so the texts are compared word by word.
+    assert [(int(n), text.split()) for n, text, _ in got] == [(n, text.split()) for n, text, _ in expected]
+    assert [float(score) for _, _, score in got] == pytest.approx([score for _, _, score in expected], abs=1e-3)
+
+
+def test_evaluate_reports_the_perplexity_of_the_ensemble(disagreeing_checkpoints, tmp_path, capsys,
+                                                         one_torch_thread):
+    """An ensemble's perplexity is that of its members' mean log-probabilities renormalised (the geometric
+    mean of their distributions): not the first member's, nor the mean of their perplexities."""
+    a, b = disagreeing_checkpoints
+    src, ref = tmp_path / "src.en", tmp_path / "ref.de"
+    src.write_text(stdin_of(DISAGREEING_SOURCES), encoding="utf-8")
+    ref.write_text(stdin_of(DISAGREEING_SOURCES[1:] + DISAGREEING_SOURCES[:1]), encoding="utf-8")
+    run_evaluate([f"checkpoint=[{a},{b}]", f"src={src}", f"ref={ref}", f"out={tmp_path / 'out'}",
+                  f"table={tmp_path / 'table.md'}", *DISAGREEING_DECODE[:1]], capsys)
+    ppl = json.loads((tmp_path / "out" / "scores.json").read_text())["ppl"]
+    models, vocab = loaded_models([a, b])
+    config = models[0].config
+    nll, count, member_nll = 0.0, 0, [0.0, 0.0]
+    with torch.no_grad():
+        for source, target in zip(vocab.encode(DISAGREEING_SOURCES), vocab.encode(read_lines(ref))):
+            src_t = torch.tensor([source + [config.eos_id]])
+            tgt_in, tgt_out = torch.tensor([[config.bos_id] + target]), torch.tensor(target + [config.eos_id])
+            members = [torch.log_softmax(m(src_t, tgt_in)[0].double(), dim=-1) for m in models]
+            mixed = torch.log_softmax(torch.stack(members).mean(dim=0), dim=-1)
+            nll -= mixed.gather(1, tgt_out[:, None]).sum().item()
+            for i, member in enumerate(members):
+                member_nll[i] -= member.gather(1, tgt_out[:, None]).sum().item()
+            count += len(target) + 1
+    assert ppl == pytest.approx(math.exp(nll / count), rel=1e-4)
+    assert all(ppl != pytest.approx(math.exp(m / count), rel=1e-3) for m in member_nll)
 
 
 @pytest.mark.slow
