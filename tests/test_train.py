@@ -365,6 +365,28 @@ def test_fp32_run_resumes_in_fp16_with_a_fresh_loss_scale(corpus, tmp_path, caps
     assert "has no fp16 loss scale (it was trained in another precision): starting at 65536" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_training_learns_and_resumes_bit_identically(corpus, tmp_path, precision):
+    """bf16 autocast and fp16 with GradScaler through train.py on the CPU: the loss falls, and a run stopped
+    at update 4 and resumed ends where an uninterrupted one does, weights, Adam and loss scale alike."""
+    changes = {"train.precision": precision, "train.max_steps": 8, "train.save_every_steps": 4,
+               "train.lr_scale": 2.0}
+    whole = run(corpus, tmp_path / "whole", changes)
+    losses = tensorboard_scalars(tmp_path / "whole", "train/loss")
+    assert sorted(losses) == list(range(1, 9))
+    assert losses[8] < losses[1] - 0.5, losses
+    first = run(corpus, tmp_path / "resumed", {**changes, "train.max_steps": 4})
+    resumed = run(corpus, tmp_path / "resumed", changes)
+    assert first["step"] == 4
+    assert_training_states_equal(resumed, whole)
+    assert resumed["scaler"] == whole["scaler"]
+    fp32 = run(corpus, tmp_path / "fp32", {**changes, "train.precision": "fp32"})
+    assert any(not torch.equal(whole["model"][n], fp32["model"][n]) for n in fp32["model"])  # autocast was on
+    assert (whole["scaler"].get("scale"), whole["scaler"].get("_growth_tracker")) == \
+           ((65536.0, 8) if precision == "fp16" else (None, None))  # GradScaler on for fp16 only, all 8 finite
+
+
 # --------------------------------------------------------------------------------------------- convergence
 
 
