@@ -499,7 +499,14 @@ def test_all_padding_source_row_raises_instead_of_nan():
         (dict(norm_first="yes"), "model.norm_first='yes' is invalid: set it to true or false"),
         (dict(eos_id=VOCAB), f"eos_id={VOCAB} is not a token id of a vocabulary of vocab_size={VOCAB}"),
         (dict(vocab_size=3), "eos_id=3 is not a token id of a vocabulary of vocab_size=3"),
-        (dict(bos_id=PAD), "special token ids must be distinct, got pad_id=0, unk_id=1, bos_id=0, eos_id=3"),
+        (dict(eos_id=1), "special token ids must be distinct (only bos_id may equal pad_id), got pad_id=0, "
+                         "unk_id=1, bos_id=2, eos_id=1"),
+        (dict(activation="tanh"), "model.activation=tanh is not one of relu, gelu, swish"),
+        (dict(attention_bias=1), "model.attention_bias=1 is invalid: set it to true or false"),
+        (dict(target_vocab_size=VOCAB + 1), f"target_vocab_size={VOCAB + 1} differs from vocab_size={VOCAB}, but "
+                                            "one embedding serves both sides"),
+        (dict(shared_embeddings=False, target_vocab_size=3),
+         "eos_id=3 is not a token id of a vocabulary of target_vocab_size=3"),
     ],
 )
 def test_invalid_config_raises_one_line_actionable_message(overrides, message):

@@ -29,6 +29,10 @@ class ScriptConfig:
     bos_id: int = BOS
     eos_id: int = EOS
 
+    @property
+    def target_size(self) -> int:
+        return self.vocab_size
+
 
 class ScriptEncoderOut(NamedTuple):
     out: torch.Tensor        # [B, 1, 1]: the sentence key (first source token), to check row alignment

@@ -54,6 +54,12 @@ class ModelConfig:
     decoder_layers: int = 6
     dropout: float = 0.1
     norm_first: bool = False  # False: the paper's post-norm. True: pre-norm, a later variant.
+    # Variants that Marian / OPUS-MT checkpoints use (transformer/hf.py imports them); off = the paper.
+    activation: str = "relu"  # the feed-forward's nonlinearity: relu (§3.3) | gelu | swish
+    attention_bias: bool = False  # biases on W^Q, W^K, W^V and W^O (the paper's projections have none)
+    scale_embedding: bool = True  # embeddings × √d_model (§3.4); Marian's converted models: false
+    logits_bias: bool = False  # a fixed (untrained) bias on the logits: Marian's final_logits_bias
+    shared_embeddings: bool = True  # one matrix for source, target and softmax (§3.4); false: the decoder's own
 
     def __post_init__(self) -> None:
         for name in ("d_model", "heads", "d_ff", "encoder_layers", "decoder_layers"):
@@ -64,8 +70,19 @@ class ModelConfig:
                                                  f"model.heads={self.heads}: choose d_model a multiple of heads")
         _require(isinstance(self.dropout, (int, float)) and not isinstance(self.dropout, bool) and 0 <= self.dropout < 1,
                  f"model.dropout={self.dropout!r} is invalid: choose a probability in [0, 1)")
-        _require(isinstance(self.norm_first, bool), f"model.norm_first={self.norm_first!r} is invalid: set it to true "
-                                                    "or false")
+        for name in ("norm_first", "attention_bias", "scale_embedding", "logits_bias", "shared_embeddings"):
+            _require(isinstance(getattr(self, name), bool),
+                     f"model.{name}={getattr(self, name)!r} is invalid: set it to true or false")
+        _one_of("model.activation", self.activation, ACTIVATIONS, " (relu is the paper's)")
+
+
+ACTIVATIONS = ("relu", "gelu", "swish")  # gelu: the exact (erf) GELU; swish: x·sigmoid(x) (SiLU), as Marian's
+
+
+def model_config_with_defaults(saved: dict) -> dict:
+    """A `model.*` dict saved before a key existed, completed with that key's default (the paper's choice),
+    so that old checkpoints and run configs load and compare as the model they were."""
+    return {**{f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name not in saved}, **saved}
 
 
 # Keys whose change makes a saved run a different model: resuming or fine-tuning with other values is an

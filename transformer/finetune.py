@@ -153,11 +153,12 @@ def freeze(model: Transformer, *, parts: Sequence[str], train_top_layers: int | 
 
     `encoder` / `decoder`: the stack's layers (and the final LayerNorm of a pre-norm stack), not the
     embedding. `embeddings`: the one shared matrix, i.e. source and target embeddings and the output
-    projection. `train_top_layers` leaves a pre-norm stack's final LayerNorm (the top) trainable.
+    projection (and the decoder's own, when the model has one). `train_top_layers` leaves a pre-norm stack's final LayerNorm (the top) trainable.
     """
     modules: list[nn.Module] = []
     for part in parts:
-        modules.append({"encoder": model.encoder, "decoder": model.decoder, "embeddings": model.embedding}[part])
+        modules.extend({"encoder": [model.encoder], "decoder": [model.decoder],
+                        "embeddings": [model.embedding, model.output_embedding]}[part])
     if train_top_layers is not None:
         for stack in (model.encoder, model.decoder):
             modules.extend(list(stack.layers)[: max(0, len(stack.layers) - train_top_layers)])

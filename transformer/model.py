@@ -41,9 +41,16 @@ from transformer.kernels import Linear, linear, scaled_dot_product_attention
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TransformerConfig(ModelConfig):
     """The architecture (`model.*`, transformer/config.py's ModelConfig, whose checks it runs) with its
-    vocabulary: size and special ids. `dataclasses.asdict(config)` is what checkpoints store."""
+    vocabulary: size and special ids. `dataclasses.asdict(config)` is what checkpoints store.
+
+    The decoder starts with `bos_id`. Marian vocabularies have no BOS and start the decoder with PAD, so
+    bos_id == pad_id is allowed (every other pair of special ids must differ). With
+    `shared_embeddings=False` the target side may have its own vocabulary of `target_vocab_size` ids
+    (None: vocab_size); the special ids are ids of both.
+    """
 
     vocab_size: int
+    target_vocab_size: int | None = None
     pad_id: int = 0
     unk_id: int = 1
     bos_id: int = 2
@@ -53,16 +60,33 @@ class TransformerConfig(ModelConfig):
         super().__post_init__()
         if not _is_int(self.vocab_size) or self.vocab_size < 1:
             raise ValueError(f"vocab_size={self.vocab_size!r} is invalid: set data.vocab_size to a positive integer")
+        if self.target_vocab_size is not None:
+            if not _is_int(self.target_vocab_size) or self.target_vocab_size < 1:
+                raise ValueError(f"target_vocab_size={self.target_vocab_size!r} is invalid: use a positive integer "
+                                 "or None (the source's vocab_size)")
+            if self.shared_embeddings and self.target_vocab_size != self.vocab_size:
+                raise ValueError(f"target_vocab_size={self.target_vocab_size} differs from vocab_size="
+                                 f"{self.vocab_size}, but one embedding serves both sides: set "
+                                 "shared_embeddings=False or target_vocab_size=None")
+        smallest, size_key = ((self.target_size, "target_vocab_size") if self.target_size < self.vocab_size
+                              else (self.vocab_size, "vocab_size"))
         special = {"pad_id": self.pad_id, "unk_id": self.unk_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
         for name, value in special.items():
-            if not _is_int(value) or not 0 <= value < self.vocab_size:
+            if not _is_int(value) or not 0 <= value < smallest:
                 raise ValueError(
-                    f"{name}={value!r} is not a token id of a vocabulary of vocab_size={self.vocab_size}: "
-                    f"use an id in [0, {self.vocab_size}) or a larger vocabulary"
+                    f"{name}={value!r} is not a token id of a vocabulary of {size_key}={smallest}: "
+                    f"use an id in [0, {smallest}) or a larger vocabulary"
                 )
-        if len(set(special.values())) != len(special):
+        distinct = {name: value for name, value in special.items() if name != "bos_id" or value != self.pad_id}
+        if len(set(distinct.values())) != len(distinct):
             listed = ", ".join(f"{name}={value}" for name, value in special.items())
-            raise ValueError(f"special token ids must be distinct, got {listed}: give each its own id")
+            raise ValueError(f"special token ids must be distinct (only bos_id may equal pad_id), got {listed}: "
+                             "give each its own id")
+
+    @property
+    def target_size(self) -> int:
+        """Ids of the target side: the decoder's embeddings and the logits' width (V of the decoder)."""
+        return self.vocab_size if self.target_vocab_size is None else self.target_vocab_size
 
     @classmethod
     def base(cls, vocab_size: int = 37000, **overrides) -> TransformerConfig:
@@ -79,6 +103,15 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _embedding(vocab_size: int, d_model: int, pad_id: int) -> nn.Embedding:
+    """N(0, D^-0.5) rows (tensor2tensor, fairseq: times sqrt(D) they start at unit size), PAD's row zero."""
+    embedding = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+    nn.init.normal_(embedding.weight, mean=0.0, std=d_model**-0.5)
+    with torch.no_grad():
+        embedding.weight[pad_id].zero_()
+    return embedding
+
+
 # ----------------------------------------------------------------------------------------------------
 # §3 Model architecture (Figure 1), with §3.4 embeddings and softmax
 
@@ -89,7 +122,13 @@ class EncoderOut(NamedTuple):
 
 
 class Transformer(nn.Module):
-    """The encoder-decoder of Figure 1. Training, greedy and beam search all go through encode/decode."""
+    """The encoder-decoder of Figure 1. Training, greedy and beam search all go through encode/decode.
+
+    Marian's variants (config `shared_embeddings=False`, `scale_embedding=False`, `logits_bias=True`; see
+    ModelConfig) change only this class: the decoder then has its own `target_embedding` (also its
+    pre-softmax projection), embeddings are not scaled, and a fixed `logits_bias` buffer is added to the
+    logits. A buffer, not a parameter: Marian's is a constant of the converted model that nothing trains.
+    """
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -97,18 +136,27 @@ class Transformer(nn.Module):
         d = config.d_model
         # §3.4: one matrix for source embeddings, target embeddings and the pre-softmax projection.
         # N(0, D^-0.5) as tensor2tensor and fairseq: scaled by sqrt(D), embeddings start at unit size.
-        self.embedding = nn.Embedding(config.vocab_size, d, padding_idx=config.pad_id)
-        nn.init.normal_(self.embedding.weight, mean=0.0, std=d**-0.5)
-        with torch.no_grad():
-            self.embedding.weight[config.pad_id].zero_()
+        self.embedding = _embedding(config.vocab_size, d, config.pad_id)
+        self.target_embedding = None if config.shared_embeddings else _embedding(config.target_size, d, config.pad_id)
+        if config.logits_bias:
+            self.register_buffer("logits_bias", torch.zeros(config.target_size))
+        else:
+            self.logits_bias = None
         self.positions = SinusoidalPositions(d)
         self.embed_dropout = nn.Dropout(config.dropout)
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
 
-    def embed(self, tokens: Tensor, start: int = 0) -> Tensor:
+    @property
+    def output_embedding(self) -> nn.Embedding:
+        """The target side's embedding, which is also the pre-softmax projection (§3.4)."""
+        return self.embedding if self.target_embedding is None else self.target_embedding
+
+    def embed(self, tokens: Tensor, start: int = 0, *, target: bool = False) -> Tensor:
         """tokens [B, T] at positions start.. -> Dropout(E[tokens] * sqrt(D) + PE) [B, T, D] (§3.4, §3.5, §5.4)."""
-        x = self.embedding(tokens) * math.sqrt(self.config.d_model)
+        x = (self.output_embedding if target else self.embedding)(tokens)
+        if self.config.scale_embedding:
+            x = x * math.sqrt(self.config.d_model)
         x = x + self.positions(start, tokens.shape[1]).to(x.dtype)  # [B, T, D] + [T, D]
         return self.embed_dropout(x)
 
@@ -143,13 +191,15 @@ class Transformer(nn.Module):
         new cache.
         """
         if cache is None:
-            x, _ = self.decoder(self.embed(tgt_tokens), memory=encoder_out.out, src_mask=encoder_out.src_mask)
+            x, _ = self.decoder(self.embed(tgt_tokens, target=True), memory=encoder_out.out,
+                                src_mask=encoder_out.src_mask)
         else:
-            x, self_kv = self.decoder(self.embed(tgt_tokens, start=cache.length), src_mask=cache.src_mask,
-                                      cache=cache)
+            x, self_kv = self.decoder(self.embed(tgt_tokens, start=cache.length, target=True),
+                                      src_mask=cache.src_mask, cache=cache)
             cache = dataclasses.replace(cache, self_k=[kv.k for kv in self_kv], self_v=[kv.v for kv in self_kv],
                                         rows=None)
-        logits = linear(x, self.embedding.weight)  # x E^T: [B, T, D] @ [D, V] -> [B, T, V], no bias
+        # x E^T: [B, T, D] @ [D, V] -> [B, T, V]; the paper has no bias, Marian a fixed one
+        logits = linear(x, self.output_embedding.weight, self.logits_bias)
         return logits, cache
 
     def forward(self, src_tokens: Tensor, tgt_tokens: Tensor) -> Tensor:
@@ -213,9 +263,9 @@ class EncoderLayer(ResidualLayer):
     def __init__(self, config: TransformerConfig):
         super().__init__(config)
         d = config.d_model
-        self.self_attn = SelfAttention(d_model=d, heads=config.heads)
+        self.self_attn = SelfAttention(d_model=d, heads=config.heads, bias=config.attention_bias)
         self.self_attn_norm = nn.LayerNorm(d)
-        self.ffn = FeedForward(d_model=d, d_ff=config.d_ff)
+        self.ffn = FeedForward(d_model=d, d_ff=config.d_ff, activation=config.activation)
         self.ffn_norm = nn.LayerNorm(d)
 
     def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
@@ -258,11 +308,11 @@ class DecoderLayer(ResidualLayer):
     def __init__(self, config: TransformerConfig):
         super().__init__(config)
         d = config.d_model
-        self.self_attn = SelfAttention(d_model=d, heads=config.heads)
+        self.self_attn = SelfAttention(d_model=d, heads=config.heads, bias=config.attention_bias)
         self.self_attn_norm = nn.LayerNorm(d)
-        self.cross_attn = CrossAttention(d_model=d, heads=config.heads)
+        self.cross_attn = CrossAttention(d_model=d, heads=config.heads, bias=config.attention_bias)
         self.cross_attn_norm = nn.LayerNorm(d)
-        self.ffn = FeedForward(d_model=d, d_ff=config.d_ff)
+        self.ffn = FeedForward(d_model=d, d_ff=config.d_ff, activation=config.activation)
         self.ffn_norm = nn.LayerNorm(d)
 
     def forward(self, x: Tensor, *, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor,
@@ -325,16 +375,18 @@ class SelfAttention(nn.Module):
     """MultiHead(X) = Concat(head_1, ..., head_h) W^O, head_i = Attention(X W_i^Q, X W_i^K, X W_i^V) (§3.2.2).
 
     W^Q, W^K, W^V of all heads are one fused bias-free [3D, D] projection; W^O is bias-free too.
+    With `bias` (Marian's variant) each projection has a bias, initialised to zero.
     """
 
-    def __init__(self, *, d_model: int, heads: int):
+    def __init__(self, *, d_model: int, heads: int, bias: bool = False):
         super().__init__()
         self.heads = heads
-        self.in_proj = Linear(d_model, 3 * d_model, bias=False)  # rows: W^Q, W^K, W^V
-        self.out_proj = Linear(d_model, d_model, bias=False)  # W^O
+        self.in_proj = Linear(d_model, 3 * d_model, bias=bias)  # rows: W^Q, W^K, W^V
+        self.out_proj = Linear(d_model, d_model, bias=bias)  # W^O
         for block in self.in_proj.weight.chunk(3):  # each [D, D] gets its own Xavier bounds
             nn.init.xavier_uniform_(block)
         nn.init.xavier_uniform_(self.out_proj.weight)
+        _zero_biases(self.in_proj, self.out_proj)
 
     def forward(self, x: Tensor, *, key_mask: Tensor | None = None, causal: bool = False,
                 past: PastKV | None = None) -> tuple[Tensor, PastKV | None]:
@@ -357,19 +409,21 @@ class SelfAttention(nn.Module):
 
 class CrossAttention(nn.Module):
     """Encoder-decoder attention (§3.2.3): queries from the decoder, keys and values from the encoder
-    output ("memory"). Bias-free projections: W^Q [D, D], W^K and W^V fused [2D, D], W^O [D, D].
+    output ("memory"). Bias-free projections: W^Q [D, D], W^K and W^V fused [2D, D], W^O [D, D]; with
+    `bias` (Marian's variant) each has a bias, initialised to zero.
     """
 
-    def __init__(self, *, d_model: int, heads: int):
+    def __init__(self, *, d_model: int, heads: int, bias: bool = False):
         super().__init__()
         self.heads = heads
-        self.q_proj = Linear(d_model, d_model, bias=False)  # W^Q
-        self.kv_proj = Linear(d_model, 2 * d_model, bias=False)  # rows: W^K, W^V
-        self.out_proj = Linear(d_model, d_model, bias=False)  # W^O
+        self.q_proj = Linear(d_model, d_model, bias=bias)  # W^Q
+        self.kv_proj = Linear(d_model, 2 * d_model, bias=bias)  # rows: W^K, W^V
+        self.out_proj = Linear(d_model, d_model, bias=bias)  # W^O
         nn.init.xavier_uniform_(self.q_proj.weight)
         for block in self.kv_proj.weight.chunk(2):
             nn.init.xavier_uniform_(block)
         nn.init.xavier_uniform_(self.out_proj.weight)
+        _zero_biases(self.q_proj, self.kv_proj, self.out_proj)
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """memory [B, S, D] -> keys and values, each [B, H, S, Dh]. Computed once per source sentence."""
@@ -394,23 +448,34 @@ class CrossAttention(nn.Module):
         return self.out_proj(merge_heads(out).view(rows, t, d))
 
 
+def _zero_biases(*layers: nn.Linear) -> None:
+    for layer in layers:
+        if layer.bias is not None:
+            nn.init.zeros_(layer.bias)
+
+
 # ----------------------------------------------------------------------------------------------------
 # §3.3 Position-wise feed-forward network
 
+# The nonlinearity between W_1 and W_2: the paper's ReLU, or what Marian models use instead.
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}  # gelu: exact (erf); swish = SiLU: x·σ(x)
+
 
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (§3.3). No dropout inside: §5.4 drops sublayer outputs."""
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (§3.3); `activation` replaces max(0, .) by GELU or swish
+    (Marian's variants). No dropout inside: §5.4 drops sublayer outputs."""
 
-    def __init__(self, *, d_model: int, d_ff: int):
+    def __init__(self, *, d_model: int, d_ff: int, activation: str = "relu"):
         super().__init__()
         self.w1 = Linear(d_model, d_ff)
         self.w2 = Linear(d_ff, d_model)
+        self.activation = ACTIVATIONS[activation]
         for layer in (self.w1, self.w2):
             nn.init.xavier_uniform_(layer.weight)
             nn.init.zeros_(layer.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.relu(self.w1(x)))  # [B, T, D] -> [B, T, F] -> [B, T, D]
+        return self.w2(self.activation(self.w1(x)))  # [B, T, D] -> [B, T, F] -> [B, T, D]
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -64,6 +64,8 @@ class TokenIds(Protocol):
     @property
     def vocab_size(self) -> int: ...
     @property
+    def target_size(self) -> int: ...  # V: the ids the decoder scores (vocab_size unless the target has its own)
+    @property
     def pad_id(self) -> int: ...
     @property
     def unk_id(self) -> int: ...
@@ -103,7 +105,7 @@ class Seq2Seq(Protocol):
 
 
 def _vocabulary_ids(config: TokenIds) -> tuple[int, int, int, int, int]:
-    return config.vocab_size, config.pad_id, config.unk_id, config.bos_id, config.eos_id
+    return config.vocab_size, config.target_size, config.pad_id, config.unk_id, config.bos_id, config.eos_id
 
 
 class EnsembleCache:
@@ -136,7 +138,7 @@ class Ensemble(nn.Module):
         first = models[0].config
         for model in models[1:]:
             if _vocabulary_ids(model.config) != _vocabulary_ids(first):
-                raise ValueError("ensemble models disagree on (vocab_size, pad_id, unk_id, bos_id, eos_id): "
+                raise ValueError("ensemble models disagree on (vocab_size, target_size, pad_id, unk_id, bos_id, eos_id): "
                                  f"{_vocabulary_ids(first)} vs {_vocabulary_ids(model.config)}; "
                                  "ensemble only models trained with the same vocabulary")
         self.models = nn.ModuleList(models)
@@ -251,7 +253,7 @@ def beam_search(model: Seq2Seq, src_tokens: torch.Tensor, *, beam: int = 4, lenp
         raise ValueError(f"beam and nbest must be >= 1, got beam={beam}, nbest={nbest}")
     config = model.config
     device = src_tokens.device
-    B, K, N, V = src_tokens.size(0), beam, nbest, config.vocab_size
+    B, K, N, V = src_tokens.size(0), beam, nbest, config.target_size
     if B == 0:
         return []
     caps = _length_caps(src_tokens, config.pad_id, max_len_a, max_len_b)   # [B]

@@ -31,7 +31,7 @@ from data.vocab import Vocab
 from transformer import checkpoint as ckpt
 from transformer import distributed
 from transformer.checkpoint import TrainState
-from transformer.config import ARCH_KEYS, DATA_KEYS, ConfigError, TrainJob
+from transformer.config import ARCH_KEYS, DATA_KEYS, ConfigError, TrainJob, model_config_with_defaults
 from transformer.kernels import warn_if_emulated
 from transformer.model import Transformer
 
@@ -107,7 +107,7 @@ def resume_or_initialise(job: TrainJob, run_dir: Path) -> Start:
     if resume_path is not None:
         state = ckpt.load(resume_path)
         saved = state["config"]
-        diffs = (differences(saved["model"], config["model"], "model", ARCH_KEYS)
+        diffs = (differences(model_config_with_defaults(saved["model"]), config["model"], "model", ARCH_KEYS)
                  + differences(saved["data"], config["data"], "data", DATA_KEYS)
                  + differences(saved, config, "", ("seed",))
                  + differences({"freeze": [], "train_top_layers": None, **saved["train"]}, config["train"], "train",
@@ -124,7 +124,7 @@ def resume_or_initialise(job: TrainJob, run_dir: Path) -> Start:
             log.warning("freezing without init_from: the frozen weights stay at their random initialisation")
         return Start()
     init = ckpt.load(ckpt.resolve(job.init_from))
-    diffs = differences(init["model_config"], config["model"], "model", ARCH_KEYS)
+    diffs = differences(model_config_with_defaults(init["model_config"]), config["model"], "model", ARCH_KEYS)
     if diffs:
         raise ConfigError(f"init_from={job.init_from} has another architecture ({'; '.join(diffs)}): "
                           "set model.* to the checkpoint's values")
