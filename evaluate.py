@@ -103,7 +103,7 @@ def run(cfg: DictConfig) -> int:
     record = training_record(translator.checkpoints[0], path) if translator else None
     if translator is not None and sources is not None:
         vocab = translator.vocab
-        results["ppl"] = corpus_nll(translator.model, vocab.encode(sources), vocab.encode(references),
+        results["ppl"] = corpus_nll(translator.model, vocab.encode(sources), vocab.encode_target(references),
                                     max_tokens=job.decode.max_tokens, device=device)["ppl"]
         log.info("perplexity of the references: %.2f", results["ppl"])
     if record is not None:

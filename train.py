@@ -61,7 +61,7 @@ def build(job: TrainJob, *, dist: distributed.DistInfo, device: torch.device, ru
         log.warning("%d training pairs are longer than a pass's budget (%d tokens; train.max_tokens=%d) and are "
                     "skipped", stream.skipped, plan.max_tokens, t.max_tokens)
     torch.manual_seed(job.seed)
-    model = Transformer(TransformerConfig(vocab_size=data.vocab.size, **dataclasses.asdict(job.model))).to(device)
+    model = Transformer(TransformerConfig(**data.vocab.token_config(), **dataclasses.asdict(job.model))).to(device)
     optimizer = make_optimizer(finetune.set_up(
         model, start.init, init_from=job.init_from, vocab_mode=job.data.vocab, vocab=data.vocab,
         freeze_parts=t.freeze, train_top_layers=t.train_top_layers))
@@ -89,7 +89,8 @@ def build(job: TrainJob, *, dist: distributed.DistInfo, device: torch.device, ru
              sum(p.numel() for p in model.parameters()) / 1e6, dist.world_size, plan.update_freq, plan.max_tokens,
              plan.tokens, t.tokens_per_update, device, f"{precision}{' (auto)' if t.precision == 'auto' else ''}")
     return Run(job=job, dist=dist, device=device, run_dir=run_dir, data=data, stream=stream,
-               batches=Prefetcher(data.train.tokens, device), model=model,
+               batches=Prefetcher(data.train.tokens, device, pad_id=model.config.pad_id,
+                                  bos_id=model.config.bos_id, eos_id=model.config.eos_id), model=model,
                train_model=train_model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, autocast=autocast,
                state=state, writer=SummaryWriter(str(run_dir / "tensorboard")) if dist.is_main else None)
 

@@ -1,10 +1,10 @@
 """Shared pieces of the benchmarks: the machine, timing, the matmul peak, the peer model, the Markdown output.
 
-The peer is Hugging Face's `MarianMTModel` built from a `TransformerConfig` with the same shape, the same
-dropout, ReLU, post-norm, √D-scaled and tied embeddings, static sinusoids, random initialisation. It keeps
+The peer is Hugging Face's `MarianMTModel` holding the weights of a random model of ours (transformer/hf.py's
+export: the same function, the same token ids), so the engines compute the same translations. It keeps
 what Marian has and the paper has not: biases on the attention projections and a `final_logits_bias`
-(zero, but added), sinusoids laid out as [sin ... | cos ...] instead of interleaved, and Marian's token
-convention (PAD = the last id, also the decoder start). None of them changes the matmul work per token.
+(zero, but added), and sinusoids laid out as [sin ... | cos ...] (the model dimension permuted to match).
+None of them changes the matmul work per token.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from transformer import hf  # noqa: E402
 from transformer.kernels import keep_freed_memory  # noqa: E402
-from transformer.model import TransformerConfig  # noqa: E402
+from transformer.model import Transformer, TransformerConfig  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------ the machine
@@ -133,28 +134,15 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, *, n: int | None = Non
 
 
 # ------------------------------------------------------------------------------------------ the peer
-def marian_config(config: TransformerConfig):
-    """HF `MarianConfig` of the same architecture. HF Marian is post-norm (no normalize_before option)."""
-    from transformers import MarianConfig
-
-    pad = config.vocab_size - 1  # Marian's convention: PAD is the last id and starts the decoder
-    return MarianConfig(
-        vocab_size=config.vocab_size, decoder_vocab_size=config.vocab_size, d_model=config.d_model,
-        encoder_layers=config.encoder_layers, decoder_layers=config.decoder_layers,
-        encoder_attention_heads=config.heads, decoder_attention_heads=config.heads,
-        encoder_ffn_dim=config.d_ff, decoder_ffn_dim=config.d_ff, activation_function="relu",
-        dropout=config.dropout, attention_dropout=0.0, activation_dropout=0.0, scale_embedding=True,
-        share_encoder_decoder_embeddings=True, tie_word_embeddings=True, max_position_embeddings=512,
-        pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=None,
-        bos_token_id=None, encoder_layerdrop=0.0, decoder_layerdrop=0.0,
-    )
+def ours_model(config: TransformerConfig, device: torch.device) -> Transformer:
+    """Our random model of this shape (seed 0): the weights every engine of a benchmark holds."""
+    torch.manual_seed(0)
+    return Transformer(config).to(device)
 
 
 def marian_model(config: TransformerConfig, device: torch.device):
-    from transformers import MarianMTModel
-
-    torch.manual_seed(0)
-    model = MarianMTModel(marian_config(config)).to(device)
+    """`MarianMTModel` with the weights of `ours_model(config)` (transformer/hf.py `marian_model`)."""
+    model = hf.marian_model(ours_model(config, torch.device("cpu"))).to(device)
     embeddings = {id(model.model.encoder.embed_tokens.weight), id(model.model.decoder.embed_tokens.weight),
                   id(model.lm_head.weight)}
     if len(embeddings) != 1:
@@ -163,7 +151,7 @@ def marian_model(config: TransformerConfig, device: torch.device):
 
 
 def random_tokens(batch: int, length: int, vocab: int, *, seed: int, device: torch.device) -> torch.Tensor:
-    """[batch, length] ids in [4, vocab - 1): no special id of ours (0-3) nor Marian's PAD (vocab - 1)."""
+    """[batch, length] ids in [4, vocab - 1): no special id of ours (0-3)."""
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(4, vocab - 1, (batch, length), generator=generator).to(device)
 

@@ -10,11 +10,12 @@ for every engine and sentence, so every engine runs 30 decoder steps over the sa
 - ours: `beam_search` / `greedy_search` with min_len = max_len_b = 29, max_len_a = 0: 29 tokens, then EOS
   is the only token allowed (30 tokens counting EOS);
 - HF: `generate(min_new_tokens=30, max_new_tokens=30, num_beams=4 or 1, do_sample=False)`;
-- CTranslate2: `translate_batch(min_decoding_length=30, max_decoding_length=30, beam_size=4 or 1)`, converted
-  from the same Marian model (float32 on disk; int8 is CTranslate2's quantisation at load time).
+- CTranslate2: `translate_batch(min_decoding_length=30, max_decoding_length=30, beam_size=4 or 1)`, built from
+  our model by transformer/hf.py (`ctranslate2_spec`, CTranslate2's own spec API; float32 on disk, int8 is
+  CTranslate2's quantisation at load time).
 The length penalty is the plain |Y|^1.0 (`lenpen_style="power"`) everywhere. Generated tokens/s =
-100 × 30 / seconds. The weights are random: Marian's and CTranslate2's are the same; ours is our own random
-model of the same shape (the work per token is what is measured, not the output). Threads are matched:
+100 × 30 / seconds. The weights are random and the same in every engine (transformer/hf.py exports ours to Marian and
+CTranslate2); the work per token is what is measured, not the output. Threads are matched:
 `torch.set_num_threads(n)` for ours and Marian, `intra_threads=n, inter_threads=1` for CTranslate2.
 bf16 ("fast mode") is our model's weights cast to bfloat16, compared with CTranslate2's int8.
 
@@ -33,8 +34,9 @@ from pathlib import Path
 import torch
 
 from _common import (alternate, describe, load_average, load_remark, machine, marian_model, median,
-                     model_configs, print_profile, random_tokens, table, versions, write_section)
-from transformer.model import Transformer, TransformerConfig
+                     model_configs, ours_model, print_profile, random_tokens, table, versions, write_section)
+from transformer import hf
+from transformer.model import TransformerConfig
 from transformer.search import beam_search, greedy_search
 
 HEADING_CPU = "## Decoding"
@@ -42,41 +44,16 @@ HEADING_GPU = "## GPU: decoding"
 SENTENCES, SRC_LEN, OUT_LEN = 100, 25, 30
 
 
-class _Vocabulary:
-    """What CTranslate2's Marian converter reads from a tokenizer: the token strings by id and two specials.
-
-    Marian's convention: EOS = 0, UNK = 1, PAD = the last id (the converter drops it again)."""
-
-    def __init__(self, size: int):
-        self.tokens = {"</s>": 0, "<unk>": 1, **{f"t{i}": i for i in range(2, size - 1)}, "<pad>": size - 1}
-        self.eos_token, self.unk_token, self.pad_token = "</s>", "<unk>", "<pad>"
-
-    def get_vocab(self) -> dict[str, int]:
-        return dict(self.tokens)
-
-
-def convert_to_ctranslate2(marian, directory: Path) -> Path:
-    """Save the Marian model and convert it with CTranslate2's own Transformers converter (float32)."""
-    from ctranslate2.converters import TransformersConverter
-
-    vocabulary = _Vocabulary(marian.config.vocab_size)
-
-    class Converter(TransformersConverter):
-        def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):
-            return vocabulary  # the converter only reads the vocabulary; there is no real tokenizer
-
-    hf_dir, ct2_dir = directory / "marian", directory / "ct2"
-    marian.save_pretrained(hf_dir)
-    Converter(str(hf_dir)).convert(str(ct2_dir), force=True)
-    return ct2_dir
+def token_names(size: int) -> list[str]:
+    """Token strings for CTranslate2 (it takes tokens, not ids) of a random model: "t<id>"."""
+    return [f"t{i}" for i in range(size)]
 
 
 class Engines:
     def __init__(self, config: TransformerConfig, *, device: torch.device, threads: int, workdir: Path,
                  with_ct2: bool):
         self.device = device
-        torch.manual_seed(0)
-        self.ours = Transformer(config).to(device).eval()
+        self.ours = ours_model(config, device).eval()
         self.ours_bf16 = copy.deepcopy(self.ours).to(torch.bfloat16)
         self.marian = marian_model(config, device).eval()
         self.marian_bf16 = copy.deepcopy(self.marian).to(torch.bfloat16) if device.type == "cuda" else None
@@ -88,7 +65,10 @@ class Engines:
         if with_ct2:
             import ctranslate2
 
-            ct2_dir = convert_to_ctranslate2(self.marian, workdir)
+            ct2_dir = workdir / "ct2"
+            tokens = token_names(config.vocab_size)
+            hf.save_ctranslate2(hf.ctranslate2_spec(self.ours.cpu(), tokens, tokens), ct2_dir)
+            self.ours.to(device)
             names = {"float32": "float32", "int8": "int8"}
             if device.type == "cuda":
                 names = {"float32": "float32", "bfloat16": "bfloat16", "int8": "int8_bfloat16"}
@@ -96,9 +76,7 @@ class Engines:
                 self.ct2[label] = ctranslate2.Translator(str(ct2_dir), device=device.type,
                                                          compute_type=compute_type, inter_threads=1,
                                                          intra_threads=threads)
-            vocabulary = _Vocabulary(config.vocab_size)
-            by_id = {i: token for token, i in vocabulary.tokens.items()}
-            self.ct2_tokens = [[by_id[i] for i in row] for row in self.src.tolist()]
+            self.ct2_tokens = [[tokens[i] for i in row[:-1]] for row in self.src.tolist()]  # CT2 appends the EOS
 
     def ours_fn(self, model, beam: int):
         options = dict(min_len=OUT_LEN - 1, max_len_a=0, max_len_b=OUT_LEN - 1, lenpen=1.0, lenpen_style="power")

@@ -267,12 +267,14 @@ class Prefetcher:
     if the stream is still at the position it was prepared at (a redone or restored update collates anew).
     """
 
-    def __init__(self, tokens: TokenArrays, device: torch.device):
+    def __init__(self, tokens: TokenArrays, device: torch.device, *, pad_id: int = PAD_ID, bos_id: int = BOS_ID,
+                 eos_id: int = EOS_ID):
         self.tokens, self.device = tokens, device
+        self.ids = {"pad_id": pad_id, "bos_id": bos_id, "eos_id": eos_id}  # the vocabulary's (Marian's differ)
         self._ahead: tuple[dict, list[tuple[int, Batch]]] | None = None
 
     def _collate(self, update: list[tuple[int, np.ndarray]]) -> list[tuple[int, Batch]]:
-        return [(slot, collate(self.tokens, rows, device=self.device)) for slot, rows in update]
+        return [(slot, collate(self.tokens, rows, device=self.device, **self.ids)) for slot, rows in update]
 
     def prepare(self, stream: BatchStream) -> None:
         self._ahead = (stream.state_dict(), self._collate(stream.peek_update()))

@@ -26,7 +26,7 @@ import numpy as np
 from data.errors import DataError
 from transformer.checkpoint import atomic_write
 from transformer.errors import one_line
-from data.vocab import Vocab
+from data.vocab import MarianVocab, Vocab, load_vocab
 
 HUB_UNREACHABLE = "the hub cannot be reached; use data.dataset=<local dir> or experiment=quickstart"
 
@@ -356,7 +356,7 @@ ENCODED_FEATURES = {
 
 def encode(
     ds: datasets.Dataset,
-    vocab: Vocab,
+    vocab: Vocab | MarianVocab,
     *,
     cache_file: Path,
     num_proc: int = 1,
@@ -386,25 +386,23 @@ def encode(
 
 
 class _Encoder:
-    """The `datasets.map` function; holds the model bytes (picklable) and loads it once per process."""
+    """The `datasets.map` function; holds the vocabulary's bytes (picklable) and loads it once per process."""
 
     def __init__(self, model_proto: bytes, *, keep_text: bool):
         self.model_proto = model_proto
         self.keep_text = keep_text
-        self._sp = None
+        self._vocab = None
 
     def __getstate__(self):
-        return {"model_proto": self.model_proto, "keep_text": self.keep_text, "_sp": None}
+        return {"model_proto": self.model_proto, "keep_text": self.keep_text, "_vocab": None}
 
     def __call__(self, src: list[str], tgt: list[str]) -> dict:
-        if self._sp is None:
-            import sentencepiece as spm  # here: in the worker process that unpickled this object
-
-            self._sp = spm.SentencePieceProcessor(model_proto=self.model_proto)
+        if self._vocab is None:  # here: in the worker process that unpickled this object
+            self._vocab = load_vocab(self.model_proto)
         src = [s.strip() for s in src]
         tgt = [t.strip() for t in tgt]
-        src_ids = self._sp.encode(src, out_type=int, num_threads=1)
-        tgt_ids = self._sp.encode(tgt, out_type=int, num_threads=1)
+        src_ids = self._vocab.encode(src, num_threads=1)
+        tgt_ids = self._vocab.encode_target(tgt, num_threads=1)
         out = {"src_ids": src_ids, "tgt_ids": tgt_ids,
                "src_len": [len(x) for x in src_ids], "tgt_len": [len(x) for x in tgt_ids]}
         if self.keep_text:

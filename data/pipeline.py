@@ -36,7 +36,7 @@ from data.batching import TokenArrays
 from data.corpus import CleanReport
 from data.errors import DataError
 from transformer.checkpoint import atomic_write
-from data.vocab import Vocab, train_vocab
+from data.vocab import Vocab, load_vocab, train_vocab
 from transformer.config import ConfigError, DataConfig
 
 SPLITS = ("train", "valid", "test")
@@ -198,11 +198,11 @@ def _resolve_vocab(settings: DataSettings, run_dir: Path, given: Vocab | None, *
                    log) -> tuple[Vocab, Path]:
     """The run's vocabulary: given > data.spm_model > run_dir/spm.model > trained (then stored there)."""
     path = run_dir / VOCAB_FILE
-    stored = Vocab.load(path) if path.is_file() else None
+    stored = load_vocab(path) if path.is_file() else None
     if given is not None:
         source, vocab = "the given vocabulary", given
     elif settings.spm_model:
-        source, vocab = f"data.spm_model={settings.spm_model}", Vocab.load(Path(settings.spm_model).expanduser())
+        source, vocab = f"data.spm_model={settings.spm_model}", load_vocab(Path(settings.spm_model).expanduser())
         if settings.vocab_size is not None and settings.vocab_size != vocab.size:
             log(f"data: data.vocab_size={settings.vocab_size} is ignored: data.spm_model has {vocab.size} pieces")
     elif stored is not None:

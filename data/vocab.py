@@ -1,17 +1,26 @@
-"""The shared source/target vocabulary: a SentencePiece BPE model with fixed special ids.
+"""The vocabularies: text to token ids and back. Two kinds, loaded from their bytes by `load_vocab`:
 
-Every vocabulary this framework trains uses PAD=0, UNK=1, BOS=2, EOS=3 and byte fallback (a character
-outside the pieces is spelled as UTF-8 byte pieces, so no input is unencodable and UNK never appears).
-A user's own model (`data.spm_model`) must use the same four ids.
+- `Vocab` (the framework's own): one SentencePiece BPE model shared by source and target, with fixed
+  special ids. Every vocabulary this framework trains uses PAD=0, UNK=1, BOS=2, EOS=3 and byte fallback (a
+  character outside the pieces is spelled as UTF-8 byte pieces, so no input is unencodable and UNK never
+  appears). A user's own model (`data.spm_model`) must use the same four ids. Text goes through
+  SentencePiece's `nmt_nfkc` normalisation (NFKC, some control characters removed, whitespace runs
+  collapsed), so `decode(encode(x)) == normalize(x)`, not always `x`.
+- `MarianVocab` (imported OPUS-MT / Marian models, transformer/hf.py): a source and a target SentencePiece
+  model whose pieces share one id table (Marian's `vocab.json`; or one table per side, `target_vocab.json`).
+  Ids are carried as Marian numbers them, not remapped: EOS=0, UNK=1, PAD = the id of `<pad>` (the last one
+  in OPUS-MT models), no BOS: the decoder starts with PAD (bos_id = pad_id). Stored as one JSON document.
 
-Text goes through SentencePiece's `nmt_nfkc` normalisation (NFKC, some control characters removed,
-whitespace runs collapsed), so `decode(encode(x)) == normalize(x)`, not always `x`.
+Both give `encode` (source side), `encode_target`, `decode` (target side), the special ids and
+`token_config()`, the vocabulary's part of a `TransformerConfig`.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
+import json
 import os
 import threading
 from collections.abc import Iterable
@@ -60,9 +69,16 @@ class Vocab:
     def from_bytes(cls, model_proto: bytes) -> Vocab:
         return cls(model_proto)
 
+    pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
+
     @property
     def size(self) -> int:
         return self._sp.get_piece_size()
+
+    def token_config(self) -> dict[str, int | None]:
+        """The `TransformerConfig` fields that come from the vocabulary."""
+        return {"vocab_size": self.size, "target_vocab_size": None, "pad_id": PAD_ID, "unk_id": UNK_ID,
+                "bos_id": BOS_ID, "eos_id": EOS_ID}
 
     @property
     def model_proto(self) -> bytes:
@@ -73,9 +89,11 @@ class Vocab:
     def sha256(self) -> str:
         return hashlib.sha256(self._proto).hexdigest()
 
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        """Piece ids of each text, without BOS/EOS."""
-        return self._sp.encode(list(texts), out_type=int)
+    def encode(self, texts: list[str], *, num_threads: int = -1) -> list[list[int]]:
+        """Piece ids of each text, without BOS/EOS (num_threads -1: SentencePiece's default, every core)."""
+        return self._sp.encode(list(texts), out_type=int, num_threads=num_threads)
+
+    encode_target = encode  # one model for both sides
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         """Detokenized text of each id sequence; PAD/BOS/EOS ids are dropped (UNK, which byte fallback
@@ -92,6 +110,131 @@ class Vocab:
     def save(self, path: str | os.PathLike) -> None:
         """Write the model atomically (temporary file, fsync, rename)."""
         atomic_write(path, self._proto, what="vocabulary")
+
+
+_MARIAN_FORMAT = "transformer.marian_vocab"
+
+
+class MarianVocab:
+    """A Marian / OPUS-MT vocabulary: source and target SentencePiece models, and the table of pieces by id
+    that the model's ids index (one for both sides, or `target_pieces` for the target side).
+
+    Tokenisation is MarianTokenizer's: a leading language token `>>xx<<` is kept as one token, the rest is
+    split into pieces by the side's SentencePiece model, and each piece is looked up in the table (a piece
+    not in it is UNK). Decoding drops PAD, EOS and UNK (MarianTokenizer's skip_special_tokens) and joins the
+    pieces with the target model. Build with `MarianVocab.create`, or load with `load_vocab`.
+    """
+
+    def __init__(self, document: bytes, *, origin: str = "<bytes>"):
+        try:
+            doc = json.loads(document)
+            if doc.get("format") != _MARIAN_FORMAT:
+                raise ValueError("not a Marian vocabulary")
+            self._source = spm.SentencePieceProcessor(model_proto=base64.b64decode(doc["source_spm"]))
+            self._target = spm.SentencePieceProcessor(model_proto=base64.b64decode(doc["target_spm"]))
+            self.source_pieces: list[str] = list(doc["pieces"])
+            self.target_pieces: list[str] = list(doc["target_pieces"] or doc["pieces"])
+            self.separate = doc["target_pieces"] is not None
+            self.pad_id, self.unk_id, self.eos_id = int(doc["pad_id"]), int(doc["unk_id"]), int(doc["eos_id"])
+        except (ValueError, KeyError, TypeError, RuntimeError):
+            raise DataError(f"{origin} is not a readable Marian vocabulary (written by python -m transformer.hf "
+                            "import)") from None
+        self.bos_id = self.pad_id  # Marian has no BOS: the decoder starts with PAD
+        self._proto = bytes(document)
+        self._source_index = {piece: i for i, piece in enumerate(self.source_pieces)}
+        self._target_index = {piece: i for i, piece in enumerate(self.target_pieces)}
+        for side, pieces in (("source", self.source_pieces), ("target", self.target_pieces)):
+            if max(self.pad_id, self.unk_id, self.eos_id) >= len(pieces):
+                raise DataError(f"{origin}: a special id is outside the {side} table of {len(pieces)} pieces")
+
+    @classmethod
+    def create(cls, *, source_spm: bytes, target_spm: bytes, pieces: list[str], target_pieces: list[str] | None,
+               pad_id: int, unk_id: int, eos_id: int) -> MarianVocab:
+        document = {"format": _MARIAN_FORMAT, "version": 1, "pad_id": pad_id, "unk_id": unk_id, "eos_id": eos_id,
+                    "pieces": list(pieces), "target_pieces": None if target_pieces is None else list(target_pieces),
+                    "source_spm": base64.b64encode(source_spm).decode("ascii"),
+                    "target_spm": base64.b64encode(target_spm).decode("ascii")}
+        return cls(json.dumps(document, ensure_ascii=False, sort_keys=True).encode("utf-8"))
+
+    @property
+    def size(self) -> int:
+        """Ids of the source side (the encoder's embedding rows)."""
+        return len(self.source_pieces)
+
+    @property
+    def target_size(self) -> int:
+        return len(self.target_pieces)
+
+    def token_config(self) -> dict[str, int | None]:
+        return {"vocab_size": self.size, "target_vocab_size": self.target_size if self.separate else None,
+                "pad_id": self.pad_id, "unk_id": self.unk_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
+
+    @property
+    def model_proto(self) -> bytes:
+        """The serialized vocabulary (a JSON document): what checkpoints store and `load_vocab` reads."""
+        return self._proto
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self._proto).hexdigest()
+
+    @property
+    def source_spm(self) -> bytes:
+        return self._source.serialized_model_proto()
+
+    @property
+    def target_spm(self) -> bytes:
+        return self._target.serialized_model_proto()
+
+    def _ids(self, texts: list[str], sp: spm.SentencePieceProcessor, index: dict[str, int],
+             num_threads: int) -> list[list[int]]:
+        codes, rests = [], []
+        for text in texts:
+            end = text.find("<<") if text.startswith(">>") else -1
+            codes.append([text[: end + 2]] if end != -1 else [])
+            rests.append(text[end + 2 :] if end != -1 else text)
+        pieces = sp.encode(rests, out_type=str, num_threads=num_threads)
+        return [[index.get(piece, self.unk_id) for piece in code + row] for code, row in zip(codes, pieces)]
+
+    def encode(self, texts: list[str], *, num_threads: int = -1) -> list[list[int]]:
+        """Source token ids of each text, without EOS."""
+        return self._ids(list(texts), self._source, self._source_index, num_threads)
+
+    def encode_target(self, texts: list[str], *, num_threads: int = -1) -> list[list[int]]:
+        """Target token ids of each text (training targets, references), without EOS."""
+        return self._ids(list(texts), self._target, self._target_index, num_threads)
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        """Detokenized text of target id sequences; PAD, EOS and UNK are dropped."""
+        skip = {self.pad_id, self.eos_id, self.unk_id}
+        out = []
+        for seq in ids:
+            pieces = [self.target_pieces[int(i)] for i in seq if int(i) not in skip]
+            out.append(self._target.decode_pieces(pieces).replace(_SPACE, " ").strip())
+        return out
+
+    def normalize(self, texts: list[str]) -> list[str]:
+        return [self._target.normalize(t).replace(_SPACE, " ").strip(" ") for t in texts]
+
+    def pieces(self, ids: list[int]) -> list[str]:
+        return [self.source_pieces[int(i)] for i in ids]
+
+    def save(self, path: str | os.PathLike) -> None:
+        atomic_write(path, self._proto, what="vocabulary")
+
+
+def load_vocab(path_or_bytes: str | os.PathLike | bytes) -> Vocab | MarianVocab:
+    """Either kind of vocabulary, from a file or from its bytes (e.g. those a checkpoint stores)."""
+    if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
+        data, origin = bytes(path_or_bytes), "<bytes>"
+    else:
+        try:
+            data, origin = Path(path_or_bytes).read_bytes(), str(path_or_bytes)
+        except OSError as e:
+            raise DataError(f"cannot read vocabulary {path_or_bytes}: {e.strerror or e}") from None
+    if data[:1] == b"{":  # a JSON document; a SentencePiece model is a protobuf, which never starts with "{"
+        return MarianVocab(data, origin=origin)
+    return Vocab(data, origin=origin)
 
 
 def train_vocab(

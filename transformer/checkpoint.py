@@ -506,6 +506,8 @@ def resolve(path: str | os.PathLike) -> Path:
     numbered = _numbered_in(directory)
     if numbered:
         return numbered[-1][1]
+    if (directory / "imported.pt").is_file():  # a run directory made by `python -m transformer.hf import`
+        return directory / "imported.pt"
     raise CheckpointError(
         f"no checkpoint in {path}: looked for {averaged}, {last} and {directory}/step-*.pt; "
         "pass a run directory that has trained, or a .pt file"

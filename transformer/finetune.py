@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from data.vocab import Vocab
+from data.vocab import MarianVocab, Vocab, load_vocab
 from transformer import checkpoint as ckpt
 from transformer.checkpoint import CheckpointError
 from transformer.config import ConfigError
@@ -41,7 +41,7 @@ EMBEDDING = "embedding.weight"  # the shared source/target/output matrix [V, D]
 log = logging.getLogger(__name__)
 
 
-def set_up(model: Transformer, init: dict | None, *, init_from: str | None, vocab_mode: str, vocab: Vocab,
+def set_up(model: Transformer, init: dict | None, *, init_from: str | None, vocab_mode: str, vocab: Vocab | MarianVocab,
            freeze_parts: Sequence[str], train_top_layers: int | None) -> list[nn.Parameter]:
     """A new run's model before its first update: the weights of `init` (the checkpoint `init_from` names;
     None: keep the random initialisation) with its vocabulary kept or transferred onto `vocab`, then the
@@ -49,7 +49,11 @@ def set_up(model: Transformer, init: dict | None, *, init_from: str | None, voca
     if init is not None:
         pieces = {}
         if vocab_mode != "keep":
-            old = Vocab.from_bytes(ckpt.spm_bytes(init))
+            old = load_vocab(ckpt.spm_bytes(init))
+            if not (isinstance(old, Vocab) and isinstance(vocab, Vocab)):
+                raise ConfigError(f"data.vocab=transfer matches pieces between two SentencePiece vocabularies of "
+                                  f"this framework, but init_from={init_from} or the run has a Marian vocabulary: "
+                                  "use data.vocab=keep")
             pieces = {"old_pieces": old.pieces(range(old.size)), "new_pieces": vocab.pieces(range(vocab.size))}
         transfer = load_pretrained(model, init["model"], source=f"init_from={init_from}", **pieces)
         log.info("initialised from %s%s", init_from, f"; data.vocab=transfer: {transfer.summary()}" if transfer else "")
@@ -153,7 +157,8 @@ def freeze(model: Transformer, *, parts: Sequence[str], train_top_layers: int | 
 
     `encoder` / `decoder`: the stack's layers (and the final LayerNorm of a pre-norm stack), not the
     embedding. `embeddings`: the one shared matrix, i.e. source and target embeddings and the output
-    projection (and the decoder's own, when the model has one). `train_top_layers` leaves a pre-norm stack's final LayerNorm (the top) trainable.
+    projection (and the decoder's own, when the model has one). `train_top_layers` leaves a pre-norm
+    stack's final LayerNorm (the top) trainable.
     """
     modules: list[nn.Module] = []
     for part in parts:

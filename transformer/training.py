@@ -27,7 +27,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from data.batching import BatchStream, Prefetcher
 from data.pipeline import Prepared
-from data.vocab import Vocab
+from data.vocab import MarianVocab, Vocab, load_vocab
 from transformer import checkpoint as ckpt
 from transformer import distributed
 from transformer.checkpoint import TrainState
@@ -96,7 +96,7 @@ class Start:
     resume: dict | None = None
     resume_path: Path | None = None
     init: dict | None = None
-    vocab: Vocab | None = None
+    vocab: Vocab | MarianVocab | None = None
 
 
 def resume_or_initialise(job: TrainJob, run_dir: Path) -> Start:
@@ -118,7 +118,7 @@ def resume_or_initialise(job: TrainJob, run_dir: Path) -> Start:
         if job.init_from:
             log.warning("init_from=%s is ignored: resuming the run in %s", job.init_from, run_dir)
         log.info("resuming from %s (update %d)", resume_path, state["step"])
-        return Start(resume=state, resume_path=resume_path, vocab=Vocab.from_bytes(ckpt.spm_bytes(state)))
+        return Start(resume=state, resume_path=resume_path, vocab=load_vocab(ckpt.spm_bytes(state)))
     if not job.init_from:
         if job.train.freeze or job.train.train_top_layers is not None:
             log.warning("freezing without init_from: the frozen weights stay at their random initialisation")
@@ -130,8 +130,8 @@ def resume_or_initialise(job: TrainJob, run_dir: Path) -> Start:
                           "set model.* to the checkpoint's values")
     start = Start(init=init)
     if job.data.vocab == "keep":
-        start.vocab = Vocab.from_bytes(ckpt.spm_bytes(init))
-        if job.data.spm_model and Vocab.load(job.data.spm_model).sha256 != start.vocab.sha256:
+        start.vocab = load_vocab(ckpt.spm_bytes(init))
+        if job.data.spm_model and load_vocab(job.data.spm_model).sha256 != start.vocab.sha256:
             raise ConfigError(f"data.spm_model={job.data.spm_model} is not the vocabulary of init_from="
                               f"{job.init_from}: set data.vocab=transfer to use it (shared pieces keep their "
                               "embeddings) or data.spm_model=null to keep the checkpoint's")

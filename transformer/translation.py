@@ -28,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from data.errors import DataError
-from data.vocab import Vocab
+from data.vocab import load_vocab
 from transformer import checkpoint as ckpt
 from transformer import distributed, kernels
 from transformer.config import ConfigError, DecodeConfig
@@ -133,7 +133,7 @@ class Translator:
                 raise ConfigError(f"{path} has another vocabulary than {paths[0]}: an ensemble needs models that "
                                   "share one SentencePiece model")
         try:
-            vocab = Vocab.from_bytes(protos[0])
+            vocab = load_vocab(protos[0])
         except DataError as error:
             raise ckpt.CheckpointError(f"{paths[0]}: its stored vocabulary is unreadable ({error}); use another "
                                        "checkpoint") from None
