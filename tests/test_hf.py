@@ -365,3 +365,20 @@ def test_finetune_an_imported_model_then_translate_it(tmp_path, spm_models, one_
     assert translate.main([f"checkpoint={run_dir}", f"input={source}", f"output={tmp_path / 'out.txt'}",
                            "device=cpu", "quiet=true", "decode.max_len_b=10"]) == 0
     assert len((tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")) == 4
+
+
+def test_configs_saved_before_the_marian_options_read_as_the_paper_model():
+    """Checkpoints and run configs written before the options existed lack their keys: they load as the
+    paper's model, and resuming or init_from compares them without reporting a difference."""
+    from transformer.config import ARCH_KEYS, ModelConfig, model_config_with_defaults
+    from transformer.model import TransformerConfig
+    from transformer.training import differences
+
+    old_keys = ("d_model", "heads", "d_ff", "encoder_layers", "decoder_layers", "dropout", "norm_first")
+    saved = {key: getattr(ModelConfig(), key) for key in old_keys}
+    config = TransformerConfig(vocab_size=100, **saved)
+    assert (config.activation, config.attention_bias, config.scale_embedding, config.logits_bias,
+            config.shared_embeddings, config.target_vocab_size) == ("relu", False, True, False, True, None)
+    current = dataclasses.asdict(ModelConfig())
+    assert differences(model_config_with_defaults(saved), current, "model", ARCH_KEYS) == []
+    assert differences(saved, current, "model", ARCH_KEYS) != []  # what the defaults fix
