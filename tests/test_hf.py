@@ -71,21 +71,31 @@ def pieces_of(model: bytes) -> list[str]:
 
 def write_marian(directory: Path, spm_models: dict[str, bytes], *, activation: str, separate_spm: bool,
                  share: bool = True, scale_embedding: bool = False, biases: bool = True, logits_bias: bool = True,
-                 d_model: int = 15, heads: int = 3, seed: int = 0) -> Path:
-    """A random MarianMTModel + MarianTokenizer saved by transformers: Marian's ids (EOS=0, UNK=1, PAD last)."""
+                 d_model: int = 15, heads: int = 3, seed: int = 0, separate_vocabs: bool = False,
+                 eos_bias: float = 7.0) -> Path:
+    """A random MarianMTModel + MarianTokenizer saved by transformers: Marian's ids (EOS=0, UNK=1, PAD last;
+    with `separate_vocabs`, a table per side, PAD at id 2 of both)."""
     source = spm_models["source" if separate_spm else "shared"]
     target = spm_models["target" if separate_spm else "shared"]
-    table = ["</s>", "<unk>"]
-    for piece in pieces_of(source) + pieces_of(target) + [">>de<<"]:
-        if piece not in table:
-            table.append(piece)
-    table.append("<pad>")
-    vocab_size = len(table)
+
+    def id_table(*piece_lists: list[str]) -> list[str]:
+        table = ["</s>", "<unk>"] + (["<pad>"] if separate_vocabs else [])
+        for piece in (piece for pieces in piece_lists for piece in pieces):
+            if piece not in table:
+                table.append(piece)
+        return table + ([] if separate_vocabs else ["<pad>"])
+
+    if separate_vocabs:
+        table, target_table = id_table(pieces_of(source), [">>de<<"]), id_table(pieces_of(target))
+    else:
+        table = target_table = id_table(pieces_of(source), pieces_of(target), [">>de<<"])
+    vocab_size, pad = len(table), table.index("<pad>")
     config = transformers.MarianConfig(
-        vocab_size=vocab_size, decoder_vocab_size=vocab_size, d_model=d_model, encoder_layers=2, decoder_layers=1,
+        vocab_size=vocab_size, decoder_vocab_size=len(target_table), d_model=d_model, encoder_layers=2,
+        decoder_layers=1,
         encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=22, decoder_ffn_dim=22,
         activation_function=activation, scale_embedding=scale_embedding, share_encoder_decoder_embeddings=share,
-        pad_token_id=vocab_size - 1, decoder_start_token_id=vocab_size - 1, eos_token_id=0,
+        pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0,
         forced_eos_token_id=0, max_position_embeddings=128, dropout=0.1)
     torch.manual_seed(seed)
     model = transformers.MarianMTModel(config).eval()
@@ -100,15 +110,20 @@ def write_marian(directory: Path, spm_models: dict[str, bytes], *, activation: s
             else:
                 tensor.copy_(0.5 * torch.randn_like(tensor))
         if logits_bias:
-            model.final_logits_bias[0, 0] += 7.0  # EOS likelier: most hypotheses end before the length cap
+            model.final_logits_bias[0, 0] += eos_bias  # EOS likelier: some hypotheses end before the length cap
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     (directory / "source.spm").write_bytes(source)
     (directory / "target.spm").write_bytes(target)
     (directory / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(table)}))
+    separate = {}
+    if separate_vocabs:
+        (directory / "target_vocab.json").write_text(json.dumps({p: i for i, p in enumerate(target_table)}))
+        separate = {"target_vocab_file": str(directory / "target_vocab.json"), "separate_vocabs": True}
     tokenizer = transformers.MarianTokenizer(source_spm=str(directory / "source.spm"),
                                              target_spm=str(directory / "target.spm"),
-                                             vocab=str(directory / "vocab.json"), source_lang="en", target_lang="de")
+                                             vocab=str(directory / "vocab.json"), source_lang="en", target_lang="de",
+                                             **separate)
     tokenizer.save_pretrained(directory)
     return directory
 
@@ -117,6 +132,8 @@ VARIANTS = {
     "relu-shared-spm": dict(activation="relu", separate_spm=False),
     "swish-two-spm": dict(activation="swish", separate_spm=True),
     "gelu-untied-scaled": dict(activation="gelu", separate_spm=True, share=False, scale_embedding=True),
+    "gelu-two-vocabularies": dict(activation="gelu", separate_spm=True, share=False, separate_vocabs=True,
+                                  eos_bias=12.0),
     "relu-no-biases-even": dict(activation="relu", separate_spm=False, biases=False, logits_bias=False,
                                 d_model=16, heads=4),
 }
@@ -145,6 +162,8 @@ def test_import_sets_the_options_of_each_variant(imported):
     c, spec = model.config, VARIANTS[name]
     assert isinstance(vocab, MarianVocab)
     assert (c.pad_id, c.unk_id, c.eos_id, c.bos_id) == (theirs.config.pad_token_id, 1, 0, theirs.config.pad_token_id)
+    assert c.target_size == theirs.config.decoder_vocab_size and c.vocab_size == theirs.config.vocab_size
+    assert (c.target_vocab_size is not None) == spec.get("separate_vocabs", False)
     assert c.activation == spec["activation"]
     assert c.attention_bias == spec.get("biases", True)
     assert c.logits_bias == spec.get("logits_bias", True)
