@@ -274,6 +274,7 @@ def ct2_translate(directory: Path, vocab, lines, *, beam: int, compute_type: str
     return [sp.decode_pieces(r.hypotheses[0]) for r in results]
 
 
+@pytest.mark.slow
 def test_export_greedy_equals_ours_in_transformers_and_ctranslate2(exported, one_torch_thread):
     out, lines, _, translator = exported
     expected = ours(translator, lines, beam=1, lenpen=0.0)
@@ -281,6 +282,7 @@ def test_export_greedy_equals_ours_in_transformers_and_ctranslate2(exported, one
     assert ct2_translate(out / "ct2", translator.vocab, lines, beam=1) == expected
 
 
+@pytest.mark.slow
 def test_export_beam_with_power_penalty_agrees_on_99_percent(exported, one_torch_thread):
     out, lines, _, translator = exported
     expected = ours(translator, lines, beam=4, lenpen=1.0, lenpen_style="power")
@@ -290,6 +292,7 @@ def test_export_beam_with_power_penalty_agrees_on_99_percent(exported, one_torch
         assert same >= 0.99 * len(lines), f"{same} of {len(lines)} equal"
 
 
+@pytest.mark.slow
 def test_export_int8_ctranslate2_is_within_one_bleu(exported, one_torch_thread):
     import sacrebleu
 
@@ -299,6 +302,7 @@ def test_export_int8_ctranslate2_is_within_one_bleu(exported, one_torch_thread):
     assert abs(sacrebleu.corpus_bleu(int8, [refs]).score - ours_bleu) <= 1.0
 
 
+@pytest.mark.slow
 def test_round_trip_of_a_trained_model_reproduces_its_weights(exported, tmp_path):
     out, _, _, translator = exported
     hf.import_marian(out / "hf", tmp_path / "run")
@@ -317,6 +321,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_refuses_what_it_cannot_represent_in_one_line(tmp_path, spm_models):
     from transformer import checkpoint as ckpt
     from transformer.model import Transformer, TransformerConfig
