@@ -18,10 +18,12 @@ Both give `encode` (source side), `encode_target`, `decode` (target side), the s
 from __future__ import annotations
 
 import base64
+import bisect
 import hashlib
 import io
 import json
 import os
+import re
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -103,6 +105,21 @@ class Vocab:
     def normalize(self, texts: list[str]) -> list[str]:
         """The text that `decode(encode(x))` gives back: x after SentencePiece's normalisation."""
         return [self._sp.normalize(t).replace(_SPACE, " ").strip(" ") for t in texts]
+
+    def encode_words(self, text: str) -> tuple[list[int], list[int]]:
+        """(piece ids of `text`, the 0-based whitespace word of `text` each piece belongs to), for word
+        alignments. SentencePiece's byte offsets into the raw text place each piece (normalisation cannot
+        move it to another word); a piece of whitespace only ("▁") belongs to the word it introduces."""
+        proto = self._sp.encode(text, out_type="proto")
+        raw = text.encode("utf-8")
+        word_ends = [m.end() for m in re.finditer(rb"\S+", raw)]  # byte offset past each word
+        ids, words = [], []
+        for piece in proto.pieces:
+            surface = piece.surface.encode("utf-8")
+            start = piece.begin + len(surface) - len(surface.lstrip())  # the piece's first non-space byte
+            ids.append(piece.id)
+            words.append(min(bisect.bisect_right(word_ends, start), max(len(word_ends) - 1, 0)))
+        return ids, words
 
     def pieces(self, ids: list[int]) -> list[str]:
         return [self._sp.id_to_piece(int(i)) for i in ids]

@@ -277,6 +277,8 @@ class TranslateJob:
     output: Optional[str] = None  # null: stdout
     device: str = "auto"
     quiet: bool = False  # true: warnings only on stderr, no progress bar
+    alignment: bool = False  # true: "translation ||| i-j ..." word alignments from cross-attention
+    alignment_layer: Optional[int] = None  # the decoder layer they come from (0-based); null: max(N-2, N//2)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def __post_init__(self) -> None:
@@ -299,6 +301,7 @@ class EvaluateJob:
     name: Optional[str] = None  # the row's model name; null: the run directory's name
     out: Optional[str] = None  # where hypotheses and scores.json go; null: run_dir/eval/<test set>
     table: Optional[str] = None  # Markdown table to append to; null: run_dir/eval/table.md
+    report: Optional[bool] = None  # report.md + figures next to scores.json; null: on when checkpoint= is a run dir
     device: str = "auto"
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 

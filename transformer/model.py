@@ -447,6 +447,21 @@ class CrossAttention(nn.Module):
         out = attention(q, k, v, key_mask=src_mask)  # [B, H, K*T, Dh]
         return self.out_proj(merge_heads(out).view(rows, t, d))
 
+    def weights(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor) -> Tensor:
+        """The weights softmax(Q K^T / sqrt(d_k)) that `forward` applies to V, from the same inputs:
+        [B*K, H, T, S] float32, 0 on padding keys.
+
+        For looking at a model (reports, word alignments) only: `forward`'s fused kernel never materialises
+        them, and nothing in training or search calls this (transformer/alignment.py does, from a hook).
+        """
+        b, s = src_mask.shape
+        rows, t, d = x.shape
+        q = split_heads(self.q_proj(x).view(b, rows // b * t, d), self.heads)  # [B, H, K*T, Dh]
+        scores = q.float() @ memory_kv[0].float().transpose(-1, -2) / math.sqrt(d // self.heads)  # [B, H, K*T, S]
+        scores = scores.masked_fill(~src_mask[:, None, None, :], float("-inf"))
+        weights = scores.softmax(dim=-1).view(b, self.heads, rows // b, t, s)  # [B, H, K, T, S]
+        return weights.transpose(1, 2).reshape(rows, self.heads, t, s)  # [B, K, H, T, S] -> [B*K, H, T, S]
+
 
 def _zero_biases(*layers: nn.Linear) -> None:
     for layer in layers:
