@@ -3,18 +3,22 @@
     python evaluate.py checkpoint=runs/paper_base_en_de-wmt14_en_de testset=wmt14/full
     python evaluate.py checkpoint=runs/quickstart src=corpus/test.en ref=corpus/test.de
     python evaluate.py hyp=system.de ref=newstest2014.de          # any system's output
+    python evaluate.py checkpoint=runs/quickstart testset=... report=true   # + report.md and figures
 
 stdout: one line per metric (sacreBLEU's BLEU and chrF lines with their signatures, then `tokBLEU|...`,
 the paper's tokenized BLEU). Hypotheses and scores.json go to `out` (default run_dir/eval/<test set>/);
 a row is appended to `table` (default run_dir/eval/table.md) in the layout of the paper's Table 2 or 3.
 An ensemble (`checkpoint=[a.pt,b.pt]`) translates and is scored as one model: its perplexity is that of
 the members' mean log-probabilities, renormalised (tests/test_translate_evaluate.py computes it by hand).
+With `report=true` (the default when checkpoint= is a run directory), report.md and its figures go beside
+scores.json (transformer/report.py), from the translations already made.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import time
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -24,6 +28,8 @@ from transformer.checkpoint import TrainState
 from transformer.cli import ConfigError, compose_config, hydra_app, pick_device, setup_logging
 from transformer.config import EvaluateJob, to_job
 from transformer.kernels import keep_freed_memory
+from transformer.report import Evaluation, write_report
+from transformer.search import Ensemble
 from transformer.scoring import append_table_row, load_testset, read_lines, sacrebleu_scores, training_flops
 from transformer.translation import Translator, corpus_nll, write_results
 
@@ -69,6 +75,14 @@ def run(cfg: DictConfig) -> int:
         raise ConfigError("give checkpoint=<run_dir or .pt> to translate, or hyp=<file> to score a translation")
     translator = Translator.load(job.checkpoint, device) if job.checkpoint is not None else None
     sources, references, set_name = references_and_sources(job, translator)
+    path = ckpt.resolve(str(job.checkpoint)) if isinstance(job.checkpoint, str) else None
+    run_dir = ckpt.run_dir_of(path) if path is not None else None
+    out = Path(job.out) if job.out else (run_dir / "eval" / set_name if run_dir else None)
+    report = job.report
+    if report is None:  # on for a run directory, whose logs the learning curves read
+        report = isinstance(job.checkpoint, str) and Path(job.checkpoint).is_dir()
+    if report and out is None:
+        raise ConfigError("report=true writes beside scores.json: give out=<directory>")
 
     # 1. The hypotheses: given, or decoded now.
     if job.hyp is not None:
@@ -99,7 +113,6 @@ def run(cfg: DictConfig) -> int:
                "scores": {s.name: s.as_dict() for s in scores}}
 
     # 3. What the tables need of the model: perplexity, parameters, steps, time.
-    path = ckpt.resolve(str(job.checkpoint)) if isinstance(job.checkpoint, str) else None
     record = training_record(translator.checkpoints[0], path) if translator else None
     if translator is not None and sources is not None:
         vocab = translator.vocab
@@ -110,20 +123,30 @@ def run(cfg: DictConfig) -> int:
         results.update({"params": record["params"], "step": record.get("step"),
                         "train_seconds": record.get("train_seconds"), "model_config": record["model_config"]})
 
-    # 4. Files: hypotheses, scores.json, the table row.
-    run_dir = ckpt.run_dir_of(path) if path is not None else None
-    out = Path(job.out) if job.out else (run_dir / "eval" / set_name if run_dir else None)
+    # 4. Files: hypotheses, scores.json, the table row, the report.
     if out is not None:
         write_results(out, hypotheses, results)
         log.info("wrote %s and %s", out / "hyp.txt", out / "scores.json")
+    split = job.split
+    if split == "auto":
+        split = "dev" if re.search(r"2013|wmt13", set_name) else "test"
+    row = table_row(job, results, record, run_dir, lang, split)
     table = Path(job.table) if job.table else (run_dir / "eval" / "table.md" if run_dir else None)
     if table is not None:
-        split = job.split
-        if split == "auto":
-            split = "dev" if re.search(r"2013|wmt13", set_name) else "test"
-        append_table_row(table, table_row(job, results, record, run_dir, lang, split),
-                         table="3" if split == "dev" else "2")
+        append_table_row(table, row, table="3" if split == "dev" else "2")
         log.info("appended a row to %s", table)
+    if report:
+        started, cpu = time.monotonic(), time.process_time()
+        model = translator.model if translator is not None else None
+        if isinstance(model, Ensemble):  # its first model's attention
+            model = model.models[0]
+        written = write_report(Evaluation(
+            out=out, name=row["model"], testset=set_name, lang=lang, sources=sources, hypotheses=hypotheses,
+            references=references, score_lines=[score.line for score in scores], results=results, row=row,
+            table="3" if split == "dev" else "2", run_dir=run_dir,
+            model=model, vocab=translator.vocab if translator else None))
+        log.info("wrote %s and its figures in %.1f s (%.1f s of CPU)", written, time.monotonic() - started,
+                 time.process_time() - cpu)
     return 0
 
 

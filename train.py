@@ -35,6 +35,7 @@ from transformer.config import TrainJob, to_job
 from transformer.kernels import keep_freed_memory
 from transformer.loss import label_smoothed_nll
 from transformer.model import Transformer, TransformerConfig
+from transformer.report import first_short_pairs, pair_attention_figure
 from transformer.schedule import make_optimizer, make_scheduler
 from transformer.training import (Run, Start, StopRequest, Window, agree, dropout_seed, keep_best, log_window,
                                   mixed_precision, plan_update, print_summary, resolve_precision, resolve_run_dir,
@@ -199,8 +200,24 @@ def validate(run: Run) -> dict[str, float]:
     log.info("validation at update %d | %s", state.step, " | ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
     for key, value in metrics.items() if run.writer else ():
         run.writer.add_scalar(f"valid/{key}", value, state.step)
+    if run.writer is not None:
+        log_attention(run)
     keep_best(run, metrics)
     return metrics
+
+
+def log_attention(run: Run) -> None:
+    """TensorBoard image valid/attention: the cross-attention of one fixed validation pair (the first short
+    one, its reference teacher-forced), per layer: one forward pass of one sentence, on rank 0."""
+    valid = run.data.valid.dataset
+    head = valid.select(range(min(100, len(valid))))
+    chosen = first_short_pairs(head["src_ids"], head["tgt_ids"], 1)
+    if chosen:
+        row = head[chosen[0]]
+        figure = pair_attention_figure(run.model, run.data.vocab, row["src_ids"], row["tgt_ids"],
+                                       title=f"Cross-attention, validation sentence {chosen[0] + 1}, "
+                                             f"update {run.state.step}")
+        run.writer.add_figure("valid/attention", figure, run.state.step, close=False)
 
 
 def stop_reason(run: Run) -> str | None:

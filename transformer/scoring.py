@@ -399,3 +399,12 @@ def append_table_row(table_path: str | os.PathLike, row: dict[str, Any], table: 
         lines.insert(pos, new_row)
 
     atomic_write(path, "\n".join(lines).rstrip("\n") + "\n", what="table")
+
+
+def table_markdown(row: dict[str, Any], table: str = "2") -> list[str]:
+    """Table 2 ("2") or 3 ("3") as Markdown lines holding only `row` (as `append_table_row` writes it),
+    heading excluded: for a report."""
+    _, columns = _TABLES[table]
+    cells = _expand(row) if table == "2" else row
+    return _table_lines(table)[2:] + [
+        "| " + " | ".join(_cell(cells.get(key), number_format) for _, key, number_format in columns) + " |"]
