@@ -109,17 +109,13 @@ class Vocab:
     def encode_words(self, text: str) -> tuple[list[int], list[int]]:
         """(piece ids of `text`, the 0-based whitespace word of `text` each piece belongs to), for word
         alignments. SentencePiece's byte offsets into the raw text place each piece (normalisation cannot
-        move it to another word); a piece of whitespace only ("▁") belongs to the word it introduces."""
+        move it to another word): in the word it starts in, or else (a leading "▁" starts in the whitespace
+        before a word) the next word."""
         proto = self._sp.encode(text, out_type="proto")
-        raw = text.encode("utf-8")
-        word_ends = [m.end() for m in re.finditer(rb"\S+", raw)]  # byte offset past each word
-        ids, words = [], []
-        for piece in proto.pieces:
-            surface = piece.surface.encode("utf-8")
-            start = piece.begin + len(surface) - len(surface.lstrip())  # the piece's first non-space byte
-            ids.append(piece.id)
-            words.append(min(bisect.bisect_right(word_ends, start), max(len(word_ends) - 1, 0)))
-        return ids, words
+        word_ends = [m.end() for m in re.finditer(rb"\S+", text.encode("utf-8"))]  # byte offset past each word
+        last = max(len(word_ends) - 1, 0)
+        return ([piece.id for piece in proto.pieces],
+                [min(bisect.bisect_right(word_ends, piece.begin), last) for piece in proto.pieces])
 
     def pieces(self, ids: list[int]) -> list[str]:
         return [self._sp.id_to_piece(int(i)) for i in ids]
