@@ -4,6 +4,8 @@
     python evaluate.py checkpoint=runs/quickstart src=corpus/test.en ref=corpus/test.de
     python evaluate.py hyp=system.de ref=newstest2014.de          # any system's output
     python evaluate.py checkpoint=runs/quickstart testset=... report=true   # + report.md and figures
+    python evaluate.py hyp=[base.de,new.de] ref=newstest2014.de   # paired significance against the first
+    python evaluate.py checkpoint=runs/quickstart src=dev.en ref=dev.de checkpoints=all   # which checkpoint?
 
 stdout: one line per metric (sacreBLEU's BLEU and chrF lines with their signatures, then `tokBLEU|...`,
 the paper's tokenized BLEU). Hypotheses and scores.json go to `out` (default run_dir/eval/<test set>/);
@@ -12,10 +14,12 @@ An ensemble (`checkpoint=[a.pt,b.pt]`) translates and is scored as one model: it
 the members' mean log-probabilities, renormalised (tests/test_translate_evaluate.py computes it by hand).
 With `report=true` (the default when checkpoint= is a run directory), report.md and its figures go beside
 scores.json (transformer/report.py), from the translations already made.
+Several hyp= files: transformer/significance.py; checkpoints=all: transformer/sweep.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
@@ -31,6 +35,8 @@ from transformer.kernels import keep_freed_memory
 from transformer.report import Evaluation, write_report
 from transformer.search import Ensemble
 from transformer.scoring import append_table_row, load_testset, read_lines, sacrebleu_scores, training_flops
+from transformer.significance import paired_significance
+from transformer.sweep import sweep_checkpoints, sweep_run_dir
 from transformer.translation import Translator, corpus_nll, write_results
 
 log = logging.getLogger("evaluate")
@@ -67,14 +73,49 @@ def read_file(path: str, key: str) -> list[str]:
     return read_lines(path)
 
 
+def hyp_files(hyp) -> list[str]:
+    """hyp= as a list of files: none, one (`hyp=a.txt` or `hyp=[a.txt]`), or several systems to compare."""
+    files = [] if hyp is None else [str(h) for h in hyp] if isinstance(hyp, (list, tuple)) else [str(hyp)]
+    if isinstance(hyp, (list, tuple)) and not files:
+        raise ConfigError("hyp=[] names no translation: give hyp=<file>, or hyp=[baseline,system,...] to compare")
+    return files
+
+
+def target_language(job: EvaluateJob, translator) -> str:
+    """lang=, else the checkpoint's target language, the reference file's suffix, or langpair's target."""
+    lang = job.lang or (translator.tgt_lang if translator else None)
+    if lang is None and job.ref:
+        lang = Path(job.ref).suffix.lstrip(".") or None
+    if lang is None and job.langpair:
+        lang = job.langpair.split("-")[1]
+    if not lang:
+        raise ConfigError("the target language is unknown: give lang=<code>, e.g. lang=de")
+    return lang
+
+
 def run(cfg: DictConfig) -> int:
     job: EvaluateJob = to_job(cfg, "evaluate")
     setup_logging()
     device = pick_device(job.device)
+    systems = hyp_files(job.hyp)
+    if len(systems) > 1:
+        return compare_systems(job, systems)
+    job = dataclasses.replace(job, hyp=systems[0] if systems else None)
     if job.hyp is None and job.checkpoint is None:
         raise ConfigError("give checkpoint=<run_dir or .pt> to translate, or hyp=<file> to score a translation")
+    if job.checkpoints == "all":
+        if job.hyp is not None:
+            raise ConfigError("checkpoints=all decodes with every checkpoint of a run: drop hyp=")
+        sweep_run_dir(job.checkpoint)  # a .pt file is a one-line error before any model is loaded
     translator = Translator.load(job.checkpoint, device) if job.checkpoint is not None else None
     sources, references, set_name = references_and_sources(job, translator)
+    if job.checkpoints == "all":
+        if sources is None:
+            raise ConfigError("checkpoints=all decodes, so it needs the source: give src=<file> with ref=<file>, "
+                              "or testset=<name>")
+        return sweep_checkpoints(job.checkpoint, sources=sources, references=references, set_name=set_name,
+                                 lang=target_language(job, translator), decode=job.decode, device=device,
+                                 out=Path(job.out) if job.out else None)
     path = ckpt.resolve(str(job.checkpoint)) if isinstance(job.checkpoint, str) else None
     run_dir = ckpt.run_dir_of(path) if path is not None else None
     out = Path(job.out) if job.out else (run_dir / "eval" / set_name if run_dir else None)
@@ -96,13 +137,7 @@ def run(cfg: DictConfig) -> int:
                           "score a translation of this test set")
 
     # 2. Scores: sacreBLEU (BLEU, chrF) with signatures, and the paper's tokenized BLEU.
-    lang = job.lang or (translator.tgt_lang if translator else None)
-    if lang is None and job.ref:
-        lang = Path(job.ref).suffix.lstrip(".") or None
-    if lang is None and job.langpair:
-        lang = job.langpair.split("-")[1]
-    if not lang:
-        raise ConfigError("the target language is unknown: give lang=<code>, e.g. lang=de")
+    lang = target_language(job, translator)
     try:
         scores = sacrebleu_scores(hypotheses, references, lang=lang)
     except ValueError as error:  # e.g. an empty reference: nothing to score
@@ -127,9 +162,7 @@ def run(cfg: DictConfig) -> int:
     if out is not None:
         write_results(out, hypotheses, results)
         log.info("wrote %s and %s", out / "hyp.txt", out / "scores.json")
-    split = job.split
-    if split == "auto":
-        split = "dev" if re.search(r"2013|wmt13", set_name) else "test"
+    split = split_of(job, set_name)
     row = table_row(job, results, record, run_dir, lang, split)
     table = Path(job.table) if job.table else (run_dir / "eval" / "table.md" if run_dir else None)
     if table is not None:
@@ -147,6 +180,49 @@ def run(cfg: DictConfig) -> int:
             model=model, vocab=translator.vocab if translator else None))
         log.info("wrote %s and its figures in %.1f s (%.1f s of CPU)", written, time.monotonic() - started,
                  time.process_time() - cpu)
+    return 0
+
+
+def split_of(job: EvaluateJob, set_name: str) -> str:
+    """dev (a Table 3 row) or test (a Table 2 row); split=auto: dev for newstest2013, else test."""
+    if job.split != "auto":
+        return job.split
+    return "dev" if re.search(r"2013|wmt13", set_name) else "test"
+
+
+def compare_systems(job: EvaluateJob, files: list[str]) -> int:
+    """Several hyp= files: each scored, and sacreBLEU's paired test of each against the first, as a table on
+    stdout (and significance.md / significance.json in `out`, one Table 2 row per system in `table`)."""
+    if job.checkpoint is not None:
+        raise ConfigError("hyp=[...] compares translations already made: drop checkpoint= (or decode each "
+                          "system first with translate.py)")
+    _, references, set_name = references_and_sources(job, None)
+    systems = []
+    for file in files:
+        hypotheses = read_file(file, "hyp")
+        if len(hypotheses) != len(references):
+            raise ConfigError(f"hyp {file} has {len(hypotheses)} lines but the reference has {len(references)}: "
+                              "every system must translate the same test set")
+        systems.append((file, hypotheses))
+    lang = target_language(job, None)
+    try:
+        result = paired_significance(systems, references, lang=lang, test=job.paired_test,
+                                     samples=job.paired_samples)
+    except ValueError as error:  # a system given twice, an empty reference
+        raise ConfigError(str(error)) from None
+    print(result.markdown(), end="", flush=True)
+    if job.out:
+        out = Path(job.out)
+        ckpt.atomic_write(out / "significance.md", f"# {set_name}: systems against {files[0]}\n\n"
+                          + result.markdown())
+        ckpt.atomic_write(out / "significance.json", result.to_json())
+        log.info("wrote %s and %s", out / "significance.md", out / "significance.json")
+    if job.table:
+        for system in result.systems:
+            append_table_row(job.table, {"model": Path(system.name).name, "lang": lang,
+                                         "bleu": system.bleu.score, "tokbleu": system.tokbleu},
+                             table="3" if split_of(job, set_name) == "dev" else "2")
+        log.info("appended %d rows to %s", len(result.systems), job.table)
     return 0
 
 

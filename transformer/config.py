@@ -295,7 +295,7 @@ class EvaluateJob:
     langpair: Optional[str] = None  # null: <src>-<tgt> of the checkpoint
     src: Optional[str] = None
     ref: Optional[str] = None
-    hyp: Optional[str] = None  # score this translation instead of decoding
+    hyp: Any = None  # score this translation instead of decoding; [base,new,...]: paired tests against the first
     lang: Optional[str] = None  # target language for tokBLEU; null: the checkpoint's, else the ref's suffix
     split: str = "auto"  # test → a Table 2 row, dev → a Table 3 row; auto: dev for newstest2013, else test
     name: Optional[str] = None  # the row's model name; null: the run directory's name
@@ -304,9 +304,18 @@ class EvaluateJob:
     report: Optional[bool] = None  # report.md + figures next to scores.json; null: on when checkpoint= is a run dir
     device: str = "auto"
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    paired_test: str = "bs"  # with several hyp=: bs (paired bootstrap) | ar (approximate randomization)
+    paired_samples: int = 0  # resamples (bs) or trials (ar); 0: sacreBLEU's default, 1000 (bs) or 10000 (ar)
+    checkpoints: Optional[str] = None  # all: score every kept checkpoint and last-k average of the run
 
     def __post_init__(self) -> None:
         _one_of("split", self.split, ("auto", "dev", "test"), " (dev: a Table 3 row, test: a Table 2 row)")
+        _one_of("paired_test", self.paired_test, ("bs", "ar"),
+                " (bs: paired bootstrap resampling, ar: paired approximate randomization)")
+        _at_least("paired_samples", self.paired_samples, 0)
+        _require(self.checkpoints in (None, "all"),
+                 f"checkpoints={self.checkpoints} is not all: checkpoints=all scores every kept checkpoint of a "
+                 "run (or leave it out for the one checkpoint= picks)")
 
 
 JOBS = {"config": TrainJob, "translate": TranslateJob, "evaluate": EvaluateJob}

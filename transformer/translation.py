@@ -150,6 +150,22 @@ class Translator:
                    src_lang=data_cfg.get("src_lang"), tgt_lang=data_cfg.get("tgt_lang"),
                    device=torch.device(device), checkpoints=records)
 
+    @classmethod
+    def from_state(cls, state: dict, device: torch.device | str = "cpu", *, name: str = "checkpoint") -> Translator:
+        """From a checkpoint dict already in memory, e.g. `checkpoint.average(...)` made on the fly; `name`
+        stands for its path in error messages."""
+        try:
+            vocab = Vocab.from_bytes(ckpt.spm_bytes(state))
+        except (ckpt.CheckpointError, DataError) as error:
+            raise ckpt.CheckpointError(f"{name}: its vocabulary is unusable ({error})") from None
+        record = {k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler", "scaler",
+                                                              "data_state", "spm_model")}
+        record["params"] = sum(t.numel() for t in state["model"].values())
+        data_cfg = (record.get("config") or {}).get("data", {})
+        return cls(model=_model_of(state, name, vocab.size).to(device).eval(), vocab=vocab,
+                   src_lang=data_cfg.get("src_lang"), tgt_lang=data_cfg.get("tgt_lang"),
+                   device=torch.device(device), checkpoints=[record])
+
     def translate(self, texts: list[str], decode: DecodeConfig, *, progress: bool = False,
                   source: str = "input") -> list[list[tuple[str, float]]]:
         """(translation, score) lists, `decode.nbest` per input text, best first; one line each."""
