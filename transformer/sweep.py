@@ -80,15 +80,16 @@ def sweep_run_dir(checkpoint) -> Path:
     if not ckpt.checkpoint_dir(path).is_dir():
         raise ConfigError(f"checkpoints=all: {path} has no checkpoints/ folder; give checkpoint=<run_dir> of a run "
                           "that has trained")
+    if not ckpt.list_numbered(path):
+        raise ConfigError(f"checkpoints=all: no numbered checkpoints (step-*.pt) in {ckpt.checkpoint_dir(path)}: "
+                          "train with train.save_every_steps, and train.keep_last large enough to keep them")
     return path
 
 
 def candidates(run_dir: Path) -> list[Candidate]:
-    """Every numbered checkpoint, best.pt, averaged.pt (those that exist), and the last-k windows."""
+    """Every numbered checkpoint, best.pt, averaged.pt (those that exist), and the last-k windows; the run
+    has numbered checkpoints (`sweep_run_dir`)."""
     numbered = ckpt.list_numbered(run_dir)
-    if not numbered:
-        raise ConfigError(f"checkpoints=all: no numbered checkpoints (step-*.pt) in {ckpt.checkpoint_dir(run_dir)}: "
-                          "train with train.save_every_steps, and train.keep_last large enough to keep them")
     found = [Candidate(label=path.name, kind="numbered", paths=(path,)) for _, path in numbered]
     for kind, path in (("best", ckpt.best_path(run_dir)), ("averaged", ckpt.averaged_path(run_dir))):
         if path.is_file():
@@ -266,7 +267,7 @@ def _report(rows: list[Row], run_dir: Path, set_name: str, *, decode_count: int)
     keep_last = _keep_last(run_dir)
     kept = "all kept" if keep_last == 0 else f"train.keep_last={keep_last}" if keep_last else "train.keep_last"
     lines += ["", f"Best averaging window: the last {best.window} checkpoint{'s' if best.window > 1 else ''} "
-                  f"(updates {_steps(best.averaged_steps)}): BLEU {best.bleu:.2f} on {set_name}.",
+                  f"(updates {min(best.averaged_steps)}–{max(best.averaged_steps)}): BLEU {best.bleu:.2f} on {set_name}.",
               f"Seen: the {len(numbered)} numbered checkpoints in {ckpt.checkpoint_dir(run_dir)} (updates "
               f"{numbered[0].step}–{numbered[-1].step}; {kept}): training deletes older ones, so for a run meant "
               "to be swept set train.keep_last to the number of checkpoints to compare (0 keeps all).",
@@ -283,7 +284,8 @@ def _plot(rows: list[Row], path: Path, *, title: str) -> None:
     figure = Figure(figsize=(11, 4), layout="constrained")
     by_update, by_window = figure.subplots(1, 2)
     numbered = [row for row in rows if row.kind == "numbered"]
-    by_update.plot([r.step for r in numbered], [r.bleu for r in numbered], "o-", label="numbered checkpoints")
+    by_update.plot([r.step for r in numbered], [r.bleu for r in numbered], "o-", markersize=3 if len(numbered) > 40 else 6,
+                   label="numbered checkpoints")
     for kind, marker in (("best", "*"), ("averaged", "s")):
         for row in (r for r in rows if r.kind == kind and r.step is not None):
             by_update.plot([row.step], [row.bleu], marker, markersize=11, label=row.label)
