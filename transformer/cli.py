@@ -1,6 +1,6 @@
 """What the three entry points share: composing the Hydra config, logging to stderr, one-line user errors.
 
-`hydra_app(config_name, run)` is each entry point's `__main__`. A plain run (`python train.py key=value`)
+`hydra_app(config_name, run)` is each entry point's `__main__` and console script (`transformer-train`, ...). A plain run (`python train.py key=value`)
 composes its config with Hydra's compose API, so that a bad override prints one line, not Hydra's multi-line
 report; with one of Hydra's own flags (`--help`, `--cfg job`, `-m`/`--multirun`, ...) it is a real
 `@hydra.main` app. Either way no `outputs/`, `multirun/` or `.hydra/` folders appear (configs/app.yaml) and
@@ -32,7 +32,19 @@ from transformer.config import ConfigError
 from transformer.distributed import PeerFailure
 from transformer.errors import one_line
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def config_dir() -> Path:
+    """The Hydra config tree: `transformer/configs` where a wheel installed it (pyproject.toml ships the
+    checkout's `configs/` there, for the console scripts), else `configs/` beside the package in a checkout
+    or an editable install. The installed copy is looked for first: the folder above an installed package
+    is site-packages, where another project's `configs` may lie."""
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "configs", package.parent / "configs"):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise ConfigError(f"no Hydra configs in {package / 'configs'} or {package.parent / 'configs'}: run from a "
+                      "checkout of the project or reinstall it (pip install .)")
 
 log = logging.getLogger("transformer")
 
@@ -53,7 +65,7 @@ def compose_config(overrides: Sequence[str], *, config_name: str = "config") -> 
                     if config_name in ("translate", "evaluate") else "e.g. experiment=quickstart")
             raise ConfigError(f"'{override}' is not a key=value override: {hint}")
     schema.register()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+    with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
         cfg = compose(config_name, overrides=list(overrides), return_hydra_config=True)
         # Hydra's `+key=value` adds a key; every key we read is already in the config, so an added one is a
         # typo that would be silently ignored (`++key=value` of an existing key is a plain override).
@@ -123,8 +135,9 @@ def hydra_app(config_name: str, run: Callable[[DictConfig], int]) -> None:
     if not any(arg.split("=", 1)[0] in HYDRA_FLAGS for arg in argv):
         sys.exit(_with_user_errors(lambda: run(compose_config(argv, config_name=config_name))) or 0)
     schema.register()
+    configs = _with_user_errors(config_dir)
 
-    @hydra.main(config_path=str(CONFIG_DIR), config_name=config_name, version_base=None)
+    @hydra.main(config_path=str(configs), config_name=config_name, version_base=None)
     def task(cfg: DictConfig) -> int:
         hydra_cfg = HydraConfig.get()
         with open_dict(cfg):
