@@ -107,7 +107,7 @@ def run(cfg: DictConfig) -> int:
         if job.hyp is not None:
             raise ConfigError("checkpoints=all decodes with every checkpoint of a run: drop hyp=")
         sweep_run_dir(job.checkpoint)  # a .pt file is a one-line error before any model is loaded
-    translator = Translator.load(job.checkpoint, device) if job.checkpoint is not None else None
+    translator = Translator.load(job.checkpoint, device, decode=job.decode) if job.checkpoint is not None else None
     sources, references, set_name = references_and_sources(job, translator)
     if job.checkpoints == "all":
         if sources is None:
@@ -131,7 +131,7 @@ def run(cfg: DictConfig) -> int:
     else:
         if sources is None:
             raise ConfigError("decoding needs the source: give src=<file> with ref=<file>, or testset=<name>")
-        hypotheses = [row[0][0] for row in translator.translate(sources, job.decode, progress=True, source=set_name)]
+        hypotheses = translator.translate(sources, progress=True, source=set_name)
     if len(hypotheses) != len(references):
         raise ConfigError(f"the translation has {len(hypotheses)} lines but the reference has {len(references)}: "
                           "score a translation of this test set")

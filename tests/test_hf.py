@@ -251,7 +251,7 @@ CAP = 40  # tokens before EOS, in every engine: ours max_len_b; generate forces 
 
 
 def ours(translator, lines, **decode):
-    return [row[0][0] for row in translator.translate(lines, DecodeConfig(max_len_a=0, max_len_b=CAP, **decode))]
+    return translator.with_decode(max_len_a=0, max_len_b=CAP, **decode).translate(lines)
 
 
 def hf_translate(directory: Path, lines, *, beam: int):

@@ -279,11 +279,15 @@ class TranslateJob:
     quiet: bool = False  # true: warnings only on stderr, no progress bar
     alignment: bool = False  # true: "translation ||| i-j ..." word alignments from cross-attention
     alignment_layer: Optional[int] = None  # the decoder layer they come from (0-based); null: max(N-2, N//2)
+    interactive: bool = False  # true: load once, translate each line as it arrives and flush its translation
+    interactive_batch: int = 16  # interactive: lines already waiting are translated together, at most this many
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def __post_init__(self) -> None:
         _require(self.checkpoint is not None and self.checkpoint != [],
                  "give checkpoint=<run_dir or .pt> (or checkpoint=[a.pt,b.pt] for an ensemble)")
+        _require(self.interactive_batch > 0,
+                 f"interactive_batch={self.interactive_batch} must be a positive integer (1: one line at a time)")
 
 
 @dataclass(frozen=True, kw_only=True)

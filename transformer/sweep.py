@@ -192,12 +192,13 @@ def sweep_checkpoints(checkpoint, *, sources: list[str], references: list[str], 
         cached = hypotheses is not None
         if hypotheses is None:
             if candidate.kind != "window":
-                translator = Translator.load(str(candidate.paths[0]), device)
+                translator = Translator.load(str(candidate.paths[0]), device, decode=decode)
             else:
                 state = state if state is not None else ckpt.average(list(candidate.paths))
-                translator = Translator.from_state(state, device, name=f"the average of the {candidate.label}")
+                translator = Translator.from_state(state, device, name=f"the average of the {candidate.label}",
+                                                   decode=decode)
             log.info("decoding %d lines with %s", len(sources), candidate.label)
-            hypotheses = [row[0][0] for row in translator.translate(sources, decode, progress=True, source=set_name)]
+            hypotheses = translator.translate(sources, progress=True, source=set_name)
             del translator, state
             decoded += 1
             cache.store_translation(digest, hypotheses, candidate.label)

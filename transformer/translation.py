@@ -1,9 +1,12 @@
 """The decoding and evaluation library: load a model, translate text, score a corpus.
 
-- `Translator.load(checkpoint)`: a model or an ensemble with its vocabulary, from run directories or .pt
-  files, keeping only the weights (not the Adam moments of last.pt).
-- `translate_ids` / `Translator.translate`: token batching around `beam_search`, in input order, with the
-  search settings of one `DecodeConfig`.
+- `Translator.load(checkpoint, device=, beam=, ...)`: a model or an ensemble with its vocabulary and search
+  settings, from run directories or .pt files, keeping only the weights (not the Adam moments of last.pt).
+  `translate(texts)` gives strings, `translate_nbest(texts)` scored hypotheses: the Python API
+  (`from transformer import Translator`) and what translate.py and evaluate.py decode with.
+- `translate_ids`: token batching around `beam_search`, in input order, with the search settings of one
+  `DecodeConfig`.
+- `split_lines` / `arriving_lines`: raw input as lines, all at once or as they arrive (interactive mode).
 - `split_bleu`: sacreBLEU (and tokBLEU) of a decoded split; validation BLEU and the end-of-training test
   translation are both this function.
 - `corpus_nll`: label-smoothed loss, NLL and perplexity of a corpus, its batches split over the ranks;
@@ -14,23 +17,28 @@ translate.py and evaluate.py are thin command lines over this module.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
+import dataclasses
 import json
 import logging
 import math
+import os
+import select
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import BinaryIO, Iterable, Iterator, Sequence
 
 import torch
 from tqdm import tqdm
 
 from data.errors import DataError
-from data.vocab import load_vocab
+from data.vocab import MarianVocab, Vocab, load_vocab
 from transformer import checkpoint as ckpt
 from transformer import distributed, kernels
+from transformer.cli import pick_device
 from transformer.config import ConfigError, DecodeConfig
 from transformer.loss import label_smoothed_nll
 from transformer.model import Transformer, TransformerConfig
@@ -82,9 +90,7 @@ def translate_ids(model: Seq2Seq, sources: Sequence[Sequence[int]], decode: Deco
     lengths = [len(sources[i]) + 1 for i in todo]
     if decode.precision == "bf16":
         kernels.warn_if_emulated("bf16", torch.device(device).type)
-        # As inference engines do: the weights themselves in bfloat16 (autocast would re-cast them at every
-        # matmul and keep float32 activations: slower decoding on CPU). Search scores in float32.
-        model = copy.deepcopy(model).to(torch.bfloat16)
+        model = bfloat16_copy(model)
     limits = {"max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b, "min_len": decode.min_len,
               "lenpen": decode.lenpen, "lenpen_style": decode.lenpen_style}
     for batch in length_sorted_batches(lengths, decode.max_tokens):
@@ -101,23 +107,61 @@ def translate_ids(model: Seq2Seq, sources: Sequence[Sequence[int]], decode: Deco
     return results
 
 
+def bfloat16_copy(model: Seq2Seq) -> Seq2Seq:
+    """The model with its weights in bfloat16, for `decode.precision=bf16`; one already in bfloat16 is itself.
+
+    As inference engines do: the weights themselves in bfloat16 (autocast would re-cast them at every matmul
+    and keep float32 activations: slower decoding on CPU). Search scores in float32.
+    """
+    if all(p.dtype == torch.bfloat16 for p in model.parameters()):
+        return model
+    return copy.deepcopy(model).to(torch.bfloat16)
+
+
 # ------------------------------------------------------------------------------------------ the translator
+
+
+@dataclass(frozen=True)
+class Translation:
+    """One hypothesis of `Translator.translate_nbest`: the detokenised text and its search score (the sum of
+    the log-probabilities of its tokens, EOS included, divided by the length penalty: SPEC "Python API")."""
+
+    text: str
+    score: float
 
 
 @dataclass
 class Translator:
-    """A model (or an ensemble) with its vocabulary and languages, ready to translate text."""
+    """A model (or an ensemble) with its vocabulary, languages and search settings, ready to translate text.
+    The Python API, and what translate.py and evaluate.py decode with:
+
+        from transformer import Translator
+        t = Translator.load("runs/quickstart", device="cpu", beam=4)   # any DecodeConfig field as a keyword
+        t.translate(["A sentence."])                      # -> ["..."]: the best translation of each text
+        t.translate_nbest(["A sentence."], nbest=4)      # -> [[Translation(text, score), ...]], best first
+        greedy = t.with_decode(beam=1, lenpen=0)         # the same model, other search settings
+    """
 
     model: Seq2Seq
-    vocab: object  # data.vocab.Vocab
+    vocab: Vocab | MarianVocab
+    decode: DecodeConfig
     src_lang: str | None
     tgt_lang: str | None
     device: torch.device
     checkpoints: list[dict]  # what each checkpoint holds besides its weights (step, config, TrainState keys)
+    _bf16_model: Seq2Seq | None = field(default=None, init=False, repr=False)  # made once, on first use
 
     @classmethod
-    def load(cls, checkpoint, device: torch.device | str = "cpu") -> Translator:
-        """From a run directory, a .pt file, or a list of them (an ensemble sharing one vocabulary)."""
+    def load(cls, checkpoint, device: torch.device | str = "auto", *, decode: DecodeConfig | None = None,
+             **settings) -> Translator:
+        """From a run directory, a .pt file, or a list of them (an ensemble sharing one vocabulary).
+
+        `device`: auto (cuda if available, else cpu), cpu, cuda or cuda:N. The search settings are `decode`
+        (default: the paper's, `DecodeConfig()`) with `settings` (its fields: beam=, lenpen=, nbest=, ...)
+        replacing some of them.
+        """
+        decode = _with_settings(DecodeConfig() if decode is None else decode, settings)
+        device = pick_device(str(device))
         names = list(checkpoint) if isinstance(checkpoint, (list, tuple)) else [checkpoint]
         if not names:
             raise ConfigError("checkpoint=[] names no checkpoint: give a run directory or a .pt file")
@@ -146,16 +190,17 @@ class Translator:
             log.info("loaded %s (update %s)", path, state.get("step"))
         del states  # the weights are in the models now; the Adam moments of last.pt are not kept
         data_cfg = (records[0].get("config") or {}).get("data", {})
-        return cls(model=models[0] if len(models) == 1 else Ensemble(models), vocab=vocab,
-                   src_lang=data_cfg.get("src_lang"), tgt_lang=data_cfg.get("tgt_lang"),
-                   device=torch.device(device), checkpoints=records)
+        return cls(model=models[0] if len(models) == 1 else Ensemble(models), vocab=vocab, decode=decode,
+                   src_lang=data_cfg.get("src_lang"), tgt_lang=data_cfg.get("tgt_lang"), device=device,
+                   checkpoints=records)
 
     @classmethod
-    def from_state(cls, state: dict, device: torch.device | str = "cpu", *, name: str = "checkpoint") -> Translator:
+    def from_state(cls, state: dict, device: torch.device | str = "cpu", *, name: str = "checkpoint",
+                   decode: DecodeConfig | None = None) -> Translator:
         """From a checkpoint dict already in memory, e.g. `checkpoint.average(...)` made on the fly; `name`
         stands for its path in error messages."""
         try:
-            vocab = Vocab.from_bytes(ckpt.spm_bytes(state))
+            vocab = load_vocab(ckpt.spm_bytes(state))
         except (ckpt.CheckpointError, DataError) as error:
             raise ckpt.CheckpointError(f"{name}: its vocabulary is unusable ({error})") from None
         record = {k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler", "scaler",
@@ -163,27 +208,58 @@ class Translator:
         record["params"] = sum(t.numel() for t in state["model"].values())
         data_cfg = (record.get("config") or {}).get("data", {})
         return cls(model=_model_of(state, name, vocab.size).to(device).eval(), vocab=vocab,
-                   src_lang=data_cfg.get("src_lang"), tgt_lang=data_cfg.get("tgt_lang"),
-                   device=torch.device(device), checkpoints=[record])
+                   decode=DecodeConfig() if decode is None else decode, src_lang=data_cfg.get("src_lang"),
+                   tgt_lang=data_cfg.get("tgt_lang"), device=torch.device(device), checkpoints=[record])
 
-    def translate(self, texts: list[str], decode: DecodeConfig, *, progress: bool = False,
-                  source: str = "input") -> list[list[tuple[str, float]]]:
-        """(translation, score) lists, `decode.nbest` per input text, best first; one line each."""
+    def with_decode(self, **settings) -> Translator:
+        """The same model (shared, not copied) with some search settings replaced, e.g. `with_decode(beam=1)`."""
+        return dataclasses.replace(self, decode=_with_settings(self.decode, settings))
+
+    def translate(self, texts: Sequence[str], *, progress: bool = False, source: str = "input") -> list[str]:
+        """The best translation of each text, one line each, in input order."""
+        return [row[0].text for row in self.translate_nbest(texts, progress=progress, source=source)]
+
+    def translate_nbest(self, texts: Sequence[str], nbest: int | None = None, *, progress: bool = False,
+                        source: str = "input", first_line: int = 1) -> list[list[Translation]]:
+        """`nbest` (default: `decode.nbest`) translations of each text with their scores, best first.
+
+        A text is one sentence: its whitespace is normalised and a line break inside it is a space. Inputs
+        longer than `decode.max_input_len` pieces are cropped, with a warning naming the line (`source` line
+        N, the first text being line `first_line`); `progress` shows a bar on stderr.
+        """
+        if isinstance(texts, str):
+            raise TypeError("translate takes a list of texts; for one sentence write translate([text])")
+        decode = self.decode if nbest is None else _with_settings(self.decode, {"nbest": nbest})
+        model = self.model
+        if decode.precision == "bf16":  # a copy made once, not per call (interactive mode calls per line)
+            if self._bf16_model is None:
+                self._bf16_model = bfloat16_copy(self.model)
+            model = self._bf16_model
         ids = self.vocab.encode([" ".join(t.split()) for t in texts])
-        for number, row in enumerate(ids, start=1):
+        for index, row in enumerate(ids):
             if len(row) > decode.max_input_len:
-                log.warning("%s line %d has %d pieces: cropped to decode.max_input_len=%d", source, number,
-                            len(row), decode.max_input_len)
-                ids[number - 1] = row[: decode.max_input_len]
+                log.warning("%s line %d has %d pieces: cropped to decode.max_input_len=%d", source,
+                            first_line + index, len(row), decode.max_input_len)
+                ids[index] = row[: decode.max_input_len]
         with tqdm(total=len(ids), desc="translating", unit="line", file=sys.stderr, disable=not progress,
                   mininterval=1.0) as bar:
-            hyps = translate_ids(self.model, ids, decode, device=self.device, progress=bar)
+            hyps = translate_ids(model, ids, decode, device=self.device, progress=bar)
         out = []
         for row in hyps:
             # Byte-fallback pieces can spell a line break; one translation must stay one output line.
             detok = [" ".join(text.splitlines()) for text in self.vocab.decode([h.tokens for h in row])]
-            out.append(list(zip(detok, [h.score for h in row])))
+            out.append([Translation(text=text, score=h.score) for text, h in zip(detok, row)])
         return out
+
+
+def _with_settings(decode: DecodeConfig, settings: dict) -> DecodeConfig:
+    """`decode` with some fields replaced; its own checks apply (a ConfigError names the key)."""
+    fields = {f.name for f in dataclasses.fields(DecodeConfig)}
+    unknown = sorted(set(settings) - fields)
+    if unknown:
+        raise TypeError(f"unknown search setting(s) {', '.join(unknown)}: the settings are DecodeConfig's fields "
+                        f"({', '.join(sorted(fields))})")
+    return dataclasses.replace(decode, **settings)
 
 
 def _model_of(state: dict, path, vocab_size: int) -> Transformer:
@@ -208,15 +284,63 @@ def split_lines(raw: bytes, source: str) -> list[str]:
     lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
-    texts = []
-    for number, line in enumerate(lines, start=1):
-        line = line.removesuffix(b"\r")
-        try:
-            texts.append(line.decode("utf-8"))
-        except UnicodeDecodeError:
-            log.warning("%s line %d is not valid UTF-8: the bad bytes were replaced by U+FFFD", source, number)
-            texts.append(line.decode("utf-8", errors="replace"))
-    return texts
+    return [decode_line(line, source, number) for number, line in enumerate(lines, start=1)]
+
+
+def decode_line(line: bytes, source: str, number: int) -> str:
+    """One input line (without its "\n") as text: a trailing "\r" is dropped, invalid UTF-8 is replaced with a
+    warning naming the line (`source` line `number`)."""
+    line = line.removesuffix(b"\r")
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError:
+        log.warning("%s line %d is not valid UTF-8: the bad bytes were replaced by U+FFFD", source, number)
+        return line.decode("utf-8", errors="replace")
+
+
+def arriving_lines(stream: BinaryIO, max_lines: int) -> Iterator[list[bytes]]:
+    """The lines of `stream` (without "\n") as they arrive, in groups for translate.py's interactive mode:
+    a group is every line already waiting, at most `max_lines` of them. It waits only when no line is
+    waiting, so a lone line is never held back for others to fill a batch, and a burst is translated in
+    batches of `max_lines` (bounded latency). A last line without "\n" ends the stream.
+
+    The file descriptor is read directly (`os.read`, `select`: POSIX pipes, terminals, sockets, files), not
+    through the stream's buffer, whose read-ahead would hide waiting lines from `select`. A stream without
+    one (an in-memory buffer) holds every line already: it is grouped by `max_lines`.
+    """
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):  # io.UnsupportedOperation is both
+        fd = None
+    if fd is None:
+        lines = stream.read().split(b"\n")
+        if lines[-1] == b"":
+            lines.pop()
+        for start in range(0, len(lines), max_lines):
+            yield lines[start:start + max_lines]
+        return
+    waiting: collections.deque[bytes] = collections.deque()
+    partial, ended = b"", False
+    while waiting or not ended:
+        if not ended and (not waiting or (len(waiting) < max_lines and _readable(fd))):
+            chunk = os.read(fd, 1 << 16)  # blocks only when nothing is waiting
+            if chunk:
+                *complete, partial = (partial + chunk).split(b"\n")
+                waiting.extend(complete)
+            else:
+                ended = True
+                if partial:
+                    waiting.append(partial)
+            continue
+        yield [waiting.popleft() for _ in range(min(max_lines, len(waiting)))]
+
+
+def _readable(fd: int) -> bool:
+    """Whether reading `fd` would return at once (data or end of file)."""
+    try:
+        return bool(select.select([fd], [], [], 0)[0])
+    except (OSError, ValueError):  # not selectable (e.g. a console on Windows): take what is waiting one by one
+        return False
 
 
 # ------------------------------------------------------------------------------------------------ scoring

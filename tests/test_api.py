@@ -1,0 +1,246 @@
+"""Using a trained model outside the command line (SPEC "Added in the second round"): the Python API
+`from transformer import Translator`, interactive translation (`translate.py interactive=true`) and the
+console scripts `transformer-train`, `transformer-translate`, `transformer-evaluate` of an installed copy.
+
+The model is `tiny_run` (tests/conftest.py); every property is checked against translate.py's own batch
+output, so the API and the interactive mode are shown to decode exactly as the command line does.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+import select
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import translate  # noqa: E402
+from transformer import Translation, Translator  # noqa: E402
+from transformer.config import DecodeConfig  # noqa: E402
+from transformer import translation  # noqa: E402
+from transformer.translation import arriving_lines  # noqa: E402
+
+NBEST = re.compile(r"(\d+) \|\|\| (.*) \|\|\| (-?\d+\.\d+)")
+ANSWER_TIMEOUT = 120  # seconds to wait for one interactive answer on a loaded 2-core machine: a hang fails
+
+
+@pytest.fixture(autouse=True)
+def _restore_root_logger():
+    """The entry points point the root logger at this test's (captured) stderr: put it back afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def sources(tiny_run, count: int) -> list[str]:
+    source, _ = tiny_run.files("test")
+    return source.read_text(encoding="utf-8").splitlines()[:count]
+
+
+def translate_py(args: list[str], lines: list[str], capsys, monkeypatch) -> list[str]:
+    """translate.py in this process, the lines on stdin: its stdout lines."""
+    stdin = "".join(line + "\n" for line in lines).encode("utf-8")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    capsys.readouterr()
+    assert translate.main(["device=cpu", "quiet=true", *args]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """This environment, offline, one thread, and with stdout buffered as a user's is (CI sets
+    PYTHONUNBUFFERED, which would hide a missing flush)."""
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **extra}
+    env.pop("PYTHONUNBUFFERED", None)
+    return env
+
+
+# --------------------------------------------------------------------------------------- the Python API
+
+
+@pytest.mark.slow
+def test_translator_translates_as_translate_py_does(tiny_run, capsys, monkeypatch, one_torch_thread):
+    lines = sources(tiny_run, 12)
+    translator = Translator.load(tiny_run.run_dir, device="cpu", beam=4)
+    assert translator.translate(lines) == translate_py([f"checkpoint={tiny_run.run_dir}"], lines, capsys,
+                                                       monkeypatch)
+
+    greedy = translator.with_decode(beam=1, lenpen=0.0)
+    assert greedy.model is translator.model and greedy.decode == DecodeConfig(beam=1, lenpen=0.0)
+    assert translator.decode == DecodeConfig(beam=4)
+    assert greedy.translate(lines) == translate_py([f"checkpoint={tiny_run.run_dir}", "decode=greedy"], lines,
+                                                   capsys, monkeypatch)
+
+    nbest = translator.translate_nbest(lines[:4], nbest=3)
+    moses = translate_py([f"checkpoint={tiny_run.run_dir}", "decode.nbest=3"], lines[:4], capsys, monkeypatch)
+    assert [len(row) for row in nbest] == [3] * 4 and all(isinstance(h, Translation) for h in nbest[0])
+    assert all(row[0].score >= row[1].score >= row[2].score for row in nbest)  # best first
+    assert [f"{i} ||| {h.text} ||| {h.score:.6f}" for i, row in enumerate(nbest) for h in row] == moses
+    assert [row[0].text for row in nbest] == translator.translate(lines[:4])
+
+
+@pytest.mark.slow
+def test_a_bf16_translator_copies_its_weights_once_not_per_call(tiny_run, capsys, monkeypatch, one_torch_thread):
+    """Interactive mode translates line by line: a bfloat16 copy per call would cost a model copy per line."""
+    lines = sources(tiny_run, 6)
+    translator = Translator.load(tiny_run.run_dir, device="cpu", precision="bf16")
+    copies, bfloat16_copy = [], translation.bfloat16_copy
+
+    def counted(model):
+        result = bfloat16_copy(model)
+        if result is not model:
+            copies.append(result)
+        return result
+
+    monkeypatch.setattr(translation, "bfloat16_copy", counted)
+    first = [translator.translate([line])[0] for line in lines]
+    assert len(copies) == 1
+    one_line_batches = ["decode.precision=bf16", "decode.max_tokens=1"]  # the same shapes, the same rounding
+    assert first == translate_py([f"checkpoint={tiny_run.run_dir}", *one_line_batches], lines, capsys, monkeypatch)
+
+
+def test_translator_refuses_unknown_settings_and_a_bare_string_in_one_line(tmp_path):
+    with pytest.raises(TypeError, match=r"unknown search setting\(s\) bem: .*beam"):
+        Translator.load(tmp_path / "not-even-loaded", device="cpu", bem=2)
+    translator = Translator(model=None, vocab=None, decode=DecodeConfig(), src_lang=None, tgt_lang=None,
+                            device=None, checkpoints=[])
+    with pytest.raises(TypeError, match=r"translate\(\[text\]\)"):
+        translator.translate("A sentence.")
+
+
+@pytest.mark.slow
+def test_importing_the_model_does_not_import_the_translator():
+    """`from transformer import Translator` is lazy: transformer.model stays a light, self-contained import."""
+    code = ("import sys, transformer.model\n"
+            "assert 'transformer.translation' not in sys.modules and 'hydra' not in sys.modules\n"
+            "from transformer import Translator, Translation\n"
+            "assert Translator.__module__ == 'transformer.translation'\n"
+            "import transformer\n"
+            "try:\n    transformer.Nothing\nexcept AttributeError as e:\n    print(e)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env=subprocess_env(PYTHONPATH=str(ROOT)), cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert "has no attribute 'Nothing'" in result.stdout
+
+
+# -------------------------------------------------------------------------------------- interactive mode
+
+
+def next_within(batches, seconds: float = 10.0):
+    """next(batches) in a thread: a generator that waits for more input than a line fails, not hangs."""
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(next(batches)), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert result, f"no batch within {seconds} s although a whole line was waiting"
+    return result[0]
+
+
+def test_arriving_lines_groups_what_is_waiting_and_never_waits_for_more():
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb", buffering=0) as stream:
+        batches = arriving_lines(stream, max_lines=2)
+        os.write(write_fd, b"one\n")
+        assert next_within(batches) == [b"one"]  # alone: answered while the pipe stays open
+        os.write(write_fd, b"two\nthree\r\nfour\nfi")
+        assert next_within(batches) == [b"two", b"three\r"]  # a burst: in batches of max_lines
+        assert next_within(batches) == [b"four"]
+        os.write(write_fd, b"ve\n\n")
+        assert next_within(batches) == [b"five", b""]
+        os.write(write_fd, b"no newline at the end")
+        os.close(write_fd)
+        assert next_within(batches) == [b"no newline at the end"]
+        assert list(batches) == []
+
+
+@pytest.mark.slow
+def test_interactive_answers_each_line_before_the_next_is_written(tiny_run, capsys, monkeypatch):
+    """A process behind a pipe: each line is answered (and flushed) while stdin stays open."""
+    lines = sources(tiny_run, 4)
+    expected = translate_py([f"checkpoint={tiny_run.run_dir}"], lines, capsys, monkeypatch)
+    process = subprocess.Popen([sys.executable, str(ROOT / "translate.py"), f"checkpoint={tiny_run.run_dir}",
+                                "device=cpu", "interactive=true"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, cwd=tiny_run.run_dir.parent, env=subprocess_env())
+    try:
+        answers = []
+        for line in lines:
+            process.stdin.write(line.encode("utf-8") + b"\n")
+            process.stdin.flush()
+            ready, _, _ = select.select([process.stdout], [], [], ANSWER_TIMEOUT)
+            assert ready, f"no translation of {line!r} within {ANSWER_TIMEOUT} s"
+            answers.append(process.stdout.readline().decode("utf-8").rstrip("\n"))
+        process.stdin.close()
+        assert process.wait(timeout=ANSWER_TIMEOUT) == 0, process.stderr.read().decode()
+    finally:
+        process.kill()
+    assert answers == expected
+    assert process.stdout.read() == b""
+
+
+@pytest.mark.slow
+def test_interactive_batches_number_nbest_lines_as_batch_mode_does(tiny_run, capsys, monkeypatch):
+    lines = sources(tiny_run, 4)
+    lines[2:2] = ["", "bad \udcff utf-8"]  # an empty line gives an empty translation; bad bytes are replaced
+    args = [f"checkpoint={tiny_run.run_dir}", "decode.nbest=2"]
+    raw = [line.encode("utf-8", errors="surrogateescape") for line in lines]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\n".join(raw) + b"\n"), encoding="utf-8"))
+    capsys.readouterr()
+    assert translate.main(["device=cpu", "quiet=true", *args]) == 0
+    batch = capsys.readouterr().out.splitlines()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\n".join(raw) + b"\n"), encoding="utf-8"))
+    assert translate.main(["device=cpu", *args, "interactive=true", "interactive_batch=4"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == batch
+    assert [int(NBEST.fullmatch(line).group(1)) for line in batch] == [i for i in range(6) for _ in range(2)]
+    assert "stdin line 4 is not valid UTF-8" in captured.err
+
+
+# ------------------------------------------------------------------------------- installed console scripts
+
+
+@pytest.mark.slow
+def test_console_scripts_of_an_installed_copy_work_from_any_directory(tiny_run, tmp_path, capsys, monkeypatch):
+    """`pip install` (not editable) into a folder, then each console script run from an empty directory
+    elsewhere: the configs and entry scripts come from the installed copy, not from this checkout."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "train.py", "translate.py", "evaluate.py"):
+        shutil.copy(ROOT / name, source / name)
+    for name in ("transformer", "data", "configs"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    site = tmp_path / "site"
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                              "--no-build-isolation", "--target", str(site), str(source)],
+                             capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, install.stderr
+    shutil.rmtree(source)  # nothing may come from the copy that was installed
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = subprocess_env(PYTHONPATH=str(site))
+
+    def script(name: str, *args: str, stdin: str = "") -> str:
+        result = subprocess.run([str(site / "bin" / name), *args], input=stdin, capture_output=True, text=True,
+                                cwd=elsewhere, env=env, timeout=600)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    assert "interactive" in script("transformer-translate", "--help")
+    assert "hyp: null" in script("transformer-evaluate", "--help")
+    assert "run_dir: runs/quickstart" in script("transformer-train", "experiment=quickstart", "--cfg", "job")
+    lines = sources(tiny_run, 5)
+    out = script("transformer-translate", f"checkpoint={tiny_run.run_dir}", "device=cpu", "quiet=true",
+                 stdin="".join(line + "\n" for line in lines))
+    assert out.splitlines() == translate_py([f"checkpoint={tiny_run.run_dir}"], lines, capsys, monkeypatch)
+    assert list(elsewhere.iterdir()) == []
