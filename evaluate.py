@@ -1,6 +1,6 @@
 """Translate a test set (or take a given translation), score it, and add a row to the paper's tables.
 
-    python evaluate.py checkpoint=runs/paper_base_en_de-wmt14_en_de testset=wmt14/full
+    python evaluate.py checkpoint=runs/paper_base_en_de-wmt14-en-de testset=wmt14/full
     python evaluate.py checkpoint=runs/quickstart src=corpus/test.en ref=corpus/test.de
     python evaluate.py hyp=system.de ref=newstest2014.de          # any system's output
     python evaluate.py checkpoint=runs/quickstart testset=... report=true   # + report.md and figures

@@ -242,12 +242,13 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest) -> int:
     # 1. Set up: the config, the processes, the device, the run directory.
     job: TrainJob = to_job(cfg)
     setup_logging()
+    job = finetune.adopt_architecture(job, argv)
     run_dir = resolve_run_dir(job, cfg)
     job = dataclasses.replace(job, run_dir=str(run_dir))
     dist = distributed.init_from_env("cuda" if job.device != "cpu" and torch.cuda.is_available() else "cpu")
     if not dist.is_main:
         logging.getLogger().setLevel(logging.WARNING)
-    device = pick_device(job.device, dist.local_rank)
+    device = pick_device(job.device, dist.local_rank, training=True)
     ckpt.make_run_dir(run_dir, clean=dist.is_main)
 
     # 2. Start or resume: the checkpoint, the vocabulary, the data.
@@ -258,6 +259,10 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest) -> int:
     # Every rank calls prepare: a file lock lets the first build the vocabulary and cache, the others read them.
     splits = ("train", "valid", "test") if job.train.test_at_end else ("train", "valid")
     data = prepare(job.data, run_dir, seed=job.seed, splits=splits, vocab=start.vocab)
+    if start.init is not None and job.data.vocab == "keep" and dist.is_main:
+        sample = data.train.dataset.select(range(min(20000, len(data.train.dataset))))
+        finetune.warn_if_poorly_covered(data.vocab, {"source": sample["src_ids"], "target": sample["tgt_ids"]},
+                                        init_from=job.init_from)
     if job.prepare_only:
         log.info("data prepared in %s; train with the same command without prepare_only=true", run_dir)
         distributed.cleanup()

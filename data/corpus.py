@@ -44,6 +44,7 @@ class HubSource:
     split: str
     src_lang: str
     tgt_lang: str
+    revision: str | None = None  # the hub repository's git revision (a commit hash pins the content)
 
     @property
     def is_local(self) -> bool:
@@ -81,7 +82,8 @@ def identity(source: Source, hashes: FileHashes) -> dict:
     if source.is_local:
         return {"kind": "local", "subset": source.subset, "split": source.split,
                 "files": _directory_files(Path(source.name), hashes)}
-    return {"kind": "hub", "name": source.name, "subset": source.subset, "split": source.split}
+    hub = {"kind": "hub", "name": source.name, "subset": source.subset, "split": source.split}
+    return {**hub, "revision": source.revision} if source.revision else hub  # older cache keys stay valid
 
 
 def _directory_files(root: Path, hashes: FileHashes) -> list:
@@ -197,6 +199,8 @@ def _load_hub(source: HubSource, *, cache_dir: Path, hashes: FileHashes) -> data
         raise DataError(f"data.dataset: directory not found: {source.name}")
     else:
         path = source.name
+        if source.revision:
+            kwargs["revision"] = source.revision
         _check_hub_reachable()
     try:
         splits = datasets.load_dataset(path, source.subset, **kwargs)

@@ -92,6 +92,7 @@ class DataSettings:
     spm_model: str | None
     dataset: str | None
     subset: str | None
+    revision: str | None
     prefixes: dict[str, str | None]
     split_names: dict[str, str]
     vocab_sample: int
@@ -116,7 +117,7 @@ class DataSettings:
                 raise DataError(str(error)) from None
         return cls(
             src_lang=cfg.src_lang, tgt_lang=cfg.tgt_lang, vocab_size=cfg.vocab_size, spm_model=cfg.spm_model,
-            dataset=cfg.dataset, subset=cfg.subset,
+            dataset=cfg.dataset, subset=cfg.subset, revision=cfg.revision,
             prefixes={split: getattr(cfg, f"{split}_prefix") for split in SPLITS},
             split_names={split: getattr(cfg, f"{split}_split") for split in SPLITS},
             vocab_sample=cfg.vocab_sample, max_len=cfg.max_len, max_len_ratio=cfg.max_len_ratio,
@@ -126,7 +127,7 @@ class DataSettings:
     def source(self, split: str) -> corpus.Source:
         if self.dataset:
             return corpus.HubSource(name=self.dataset, subset=self.subset, split=self.split_names[split],
-                                    src_lang=self.src_lang, tgt_lang=self.tgt_lang)
+                                    src_lang=self.src_lang, tgt_lang=self.tgt_lang, revision=self.revision)
         prefix = self.prefixes[split]
         if not prefix:
             raise DataError(f"data.{split}_prefix is not set; the {split} split needs <prefix>.{self.src_lang} "
@@ -161,6 +162,8 @@ def prepare(
     for split in splits:
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    for split in splits:  # a missing file or prefix is reported before the vocabulary is trained
+        settings.source(split)
     run_dir = Path(run_dir)
     cache_dir = Path(settings.cache_dir).expanduser() if settings.cache_dir else run_dir / "data"
     cache_dir.mkdir(parents=True, exist_ok=True)

@@ -117,6 +117,10 @@ class Vocab:
         return ([piece.id for piece in proto.pieces],
                 [min(bisect.bisect_right(word_ends, piece.begin), last) for piece in proto.pieces])
 
+    def byte_ids(self) -> list[int]:
+        """The ids of the byte-fallback pieces (`<0x00>` ... `<0xFF>`): what spells a character outside the pieces."""
+        return [i for i in range(self.size) if self._sp.is_byte(i)]
+
     def pieces(self, ids: list[int]) -> list[str]:
         return [self._sp.id_to_piece(int(i)) for i in ids]
 

@@ -96,7 +96,7 @@ def test_cfg_job_prints_the_resolved_config_and_creates_nothing(tmp_path):
     printed = yaml.safe_load(result.stdout)
     assert printed["model"]["d_model"] == 1024 and printed["model"]["dropout"] == 0.3
     assert printed["train"]["average_last"] == 20
-    assert list(tmp_path.iterdir()) == [] and not (ROOT / "runs" / "paper_big_en_de-wmt14_en_de").exists()
+    assert list(tmp_path.iterdir()) == [] and not (ROOT / "runs" / "paper_big_en_de-wmt14-en-de").exists()
 
 
 @pytest.mark.slow

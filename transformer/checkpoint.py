@@ -16,7 +16,7 @@ train.py saves and resumes with them, evaluate.py reads `TrainState` for the cos
 Command line (averages model weights; one-line errors, exit status 2):
 
     python -m transformer.checkpoint average OUT.pt IN1.pt IN2.pt ...
-    python -m transformer.checkpoint average OUT.pt --last 5 --run-dir runs/base-wmt14_en_de
+    python -m transformer.checkpoint average OUT.pt --last 5 --run-dir runs/base-wmt14-en-de
 """
 
 from __future__ import annotations

@@ -89,8 +89,9 @@ def model_config_with_defaults(saved: dict) -> dict:
 # error. Every architecture field; dropout is a training choice.
 ARCH_KEYS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "dropout")
 # The data.* keys whose change makes a saved run a different run (compared on resume with ARCH_KEYS).
-DATA_KEYS = ("src_lang", "tgt_lang", "vocab_size", "spm_model", "dataset", "subset", "train_prefix",
-             "max_len", "max_len_ratio", "dedup")
+DATA_KEYS = ("src_lang", "tgt_lang", "vocab_size", "spm_model", "dataset", "subset", "revision", "train_prefix",
+             "valid_prefix", "test_prefix", "train_split", "valid_split", "test_split", "max_len", "max_len_ratio",
+             "dedup")
 
 MODEL_PRESETS = {
     "base": ModelConfig(),  # N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1: 65M parameters as reported
@@ -112,6 +113,7 @@ class DataConfig:
     vocab: str = "keep"  # with init_from: keep (the checkpoint's) | transfer (a new one; docs/FINETUNING.md)
     dataset: Optional[str] = None  # HF hub name or a local directory in its layout; or train_prefix
     subset: Optional[str] = None
+    revision: Optional[str] = None  # a hub dataset's git revision (a commit hash pins its content); null: the newest
     train_split: str = "train"
     valid_split: str = "validation"
     test_split: str = "test"
@@ -131,6 +133,9 @@ class DataConfig:
                  "both data.dataset and data.train_prefix are set: set one of them to null")
         _require(bool(self.dataset or self.train_prefix),
                  "neither data.dataset nor data.train_prefix is set: set one (the other stays null)")
+        _require(not self.revision or bool(self.dataset),
+                 f"data.revision={self.revision} pins a hub dataset, but data.dataset is null: set data.dataset or "
+                 "data.revision=null")
         _require(bool(self.src_lang and self.tgt_lang) and self.src_lang != self.tgt_lang,
                  f"data.src_lang and data.tgt_lang must be two different languages (got {self.src_lang!r}, "
                  f"{self.tgt_lang!r})")
@@ -247,7 +252,7 @@ class DecodeConfig:
 class TrainJob:
     """Everything train.py reads (configs/config.yaml)."""
 
-    run_dir: Optional[str] = None  # null: runs/<experiment or model>-<data>
+    run_dir: Optional[str] = None  # null: runs/<experiment or model>-<corpus>-<src>-<tgt>
     seed: int = 1
     device: str = "auto"  # auto: cuda if available, else cpu
     init_from: Optional[str] = None  # a checkpoint or run_dir to fine-tune from (docs/FINETUNING.md)

@@ -23,17 +23,21 @@ three.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 import torch
 from torch import Tensor, nn
 
-from data.vocab import MarianVocab, Vocab, load_vocab
+from data.vocab import UNK_ID, MarianVocab, Vocab, load_vocab
 from transformer import checkpoint as ckpt
 from transformer.checkpoint import CheckpointError
-from transformer.config import ConfigError
+from transformer.config import ARCH_KEYS, ConfigError, TrainJob
 from transformer.model import Transformer
 
 EMBEDDING = "embedding.weight"  # the shared source/target/output matrix [V, D]
@@ -61,6 +65,92 @@ def set_up(model: Transformer, init: dict | None, *, init_from: str | None, voca
     if frozen:
         log.info("%s", describe_frozen(model, frozen))
     return trainable(model)
+
+
+# ------------------------------------------------------------------------------------ the architecture
+
+
+def explicit_model_keys(overrides: Sequence[str]) -> set[str]:
+    """The model.* keys the command line sets itself: `model.d_ff=...`, or all of them with `model=big`."""
+    keys: set[str] = set()
+    for override in overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        if key == "model":
+            keys.update((*ARCH_KEYS, "dropout"))
+        elif key.startswith("model."):
+            keys.add(key.removeprefix("model."))
+    return keys
+
+
+def adopt_architecture(job: TrainJob, overrides: Sequence[str]) -> TrainJob:
+    """With `init_from`, the job with the checkpoint's architecture (and dropout) for every model.* key the
+    command line does not set, so that fine-tuning a big model needs no `model=big`; the keys it does set
+    stay, and `resume_or_initialise` refuses them where they contradict the checkpoint."""
+    if not job.init_from:
+        return job
+    try:
+        saved = ckpt.load(ckpt.resolve(job.init_from), mmap=True).get("model_config")
+    except CheckpointError:
+        return job  # resume_or_initialise reports it, unless a resumed run ignores init_from
+    if not isinstance(saved, dict):
+        return job
+    explicit = explicit_model_keys(overrides)
+    taken = {k: saved[k] for k in (*ARCH_KEYS, "dropout") if k in saved and k not in explicit}
+    model = dataclasses.replace(job.model, **taken)
+    if model != job.model:
+        log.info("model: the architecture of init_from=%s (%s)", job.init_from,
+                 ", ".join(f"{k}={v}" for k, v in taken.items()))
+    return dataclasses.replace(job, model=model)
+
+
+# ------------------------------------------------------------------------------- vocabulary coverage
+
+POOR_COVERAGE = 0.01  # above this share of byte-fallback pieces, data.vocab=keep is worth a warning
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """How well a vocabulary spells a corpus: the share of its pieces that are byte fallback (or UNK), and
+    the characters most often spelt as bytes."""
+
+    fallback: float
+    characters: tuple[str, ...]
+
+
+def coverage(vocab: Vocab, rows: Sequence[Sequence[int]]) -> Coverage:
+    """The `Coverage` of encoded `rows` (piece ids, e.g. a split's src_ids)."""
+    unspelt = np.zeros(vocab.size, dtype=bool)
+    unspelt[vocab.byte_ids()] = True
+    unspelt[UNK_ID] = True
+    total, fallback, characters = 0, 0, collections.Counter()
+    for row in rows:
+        ids = np.asarray(row, dtype=np.int64)
+        flags = unspelt[ids]
+        total, fallback = total + len(ids), fallback + int(flags.sum())
+        if flags.any():  # a run of byte pieces spells one or more characters
+            edges = np.flatnonzero(np.diff(np.concatenate([[0], flags.astype(np.int8), [0]])))
+            for begin, end in zip(edges[::2], edges[1::2]):
+                characters.update(vocab.decode([ids[begin:end].tolist()])[0].strip())
+    return Coverage(fallback=fallback / max(total, 1), characters=tuple(c for c, _ in characters.most_common(5)))
+
+
+def warn_if_poorly_covered(vocab: Vocab, splits: Mapping[str, Sequence[Sequence[int]]], *, init_from: str,
+                           limit: int = 20000) -> dict[str, Coverage]:
+    """data.vocab=keep: measure how the checkpoint's vocabulary covers the new corpus (its first `limit` rows
+    per side); warn with the figures when byte fallback exceeds POOR_COVERAGE on a side (a new script, or
+    letters such as þ and ð that the parent's corpus never had). Returns the measurements by side."""
+    measured = {side: coverage(vocab, rows[:limit]) for side, rows in splits.items()}
+    figures = ", ".join(f"{side} {c.fallback:.1%}" for side, c in measured.items())
+    poor = [c for c in measured.values() if c.fallback > POOR_COVERAGE]
+    if poor:
+        letters = sorted({ch for c in measured.values() for ch in c.characters})
+        log.warning("data.vocab=keep: the vocabulary of init_from=%s covers this corpus poorly: %s of the pieces are "
+                    "byte fallback (characters it never saw: %s); data.vocab=transfer trains a vocabulary on this "
+                    "corpus and keeps the embeddings of the pieces both share (docs/FINETUNING.md)", init_from,
+                    figures, " ".join(letters) or "?")
+    else:
+        log.info("data.vocab=keep: byte fallback of the checkpoint's vocabulary on this corpus: %s", figures)
+    return measured
 
 
 # ------------------------------------------------------------------------------------ loading weights

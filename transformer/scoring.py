@@ -32,9 +32,11 @@ fairseq's compound_split_bleu.sh tokenizes with `-a` and scores ~0.9 higher: not
 
 import copy
 import functools
+import importlib.metadata
 import logging
 import math
 import os
+import platform
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -408,3 +410,19 @@ def table_markdown(row: dict[str, Any], table: str = "2") -> list[str]:
     cells = _expand(row) if table == "2" else row
     return _table_lines(table)[2:] + [
         "| " + " | ".join(_cell(cells.get(key), number_format) for _, key, number_format in columns) + " |"]
+
+
+SCORED_WITH = ("torch", "sacrebleu", "sacremoses", "sentencepiece", "datasets")
+
+
+def package_versions() -> dict[str, str | None]:
+    """The versions of Python and of the packages a score depends on (sacreBLEU and sacremoses tokenize,
+    SentencePiece splits, torch decodes), recorded with every evaluation output and run: a figure can then
+    be reproduced, or explained, with the same versions."""
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for package in SCORED_WITH:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return versions

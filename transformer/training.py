@@ -7,12 +7,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import importlib.metadata
 import json
 import logging
 import math
 import os
-import platform
 import signal
 import socket
 import subprocess
@@ -34,6 +32,7 @@ from transformer.checkpoint import TrainState
 from transformer.config import ARCH_KEYS, DATA_KEYS, ConfigError, TrainJob, model_config_with_defaults
 from transformer.kernels import warn_if_emulated
 from transformer.model import Transformer
+from transformer.scoring import package_versions
 
 log = logging.getLogger("train")
 
@@ -77,15 +76,40 @@ def dropout_seed(seed: int, update: int, slot: int) -> int:
 
 
 def resolve_run_dir(job: TrainJob, cfg: DictConfig) -> Path:
-    """`run_dir`, or runs/<experiment or model>-<data>; a multirun job gets `<that>/<job number>`."""
+    """`run_dir`, or runs/<experiment or model>-<corpus>-<src>-<tgt> (`default_run_name`); a multirun job gets
+    `<that>/<job number>`."""
     choices = cfg.get("choices", {})
-    base = Path(job.run_dir) if job.run_dir else Path("runs") / (
-        f"{choices.get('experiment') or choices.get('model', 'base')}-{choices.get('data', 'data')}")
+    base = Path(job.run_dir) if job.run_dir else Path("runs") / default_run_name(
+        choices.get("experiment") or choices.get("model") or "base", job.data)
     return base / str(cfg.job_num) if cfg.get("job_num") is not None else base
+
+
+def default_run_name(recipe: str, data) -> str:
+    """`<recipe>-<corpus>-<src>-<tgt>`: the corpus is the dataset's name (its last path part: wmt/wmt14 →
+    wmt14) or the train_prefix's folder and file (corpus/train → corpus_train), so that two runs on different
+    data or language pairs never share, and resume, one directory."""
+    if data.dataset:
+        corpus = Path(str(data.dataset).rstrip("/")).name
+    else:
+        prefix = Path(str(data.train_prefix))
+        corpus = f"{prefix.parent.name}_{prefix.name}" if prefix.parent.name else prefix.name
+    name = f"{recipe}-{corpus}-{data.src_lang}-{data.tgt_lang}"
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
 
 
 def differences(saved: dict, current: dict, section: str, keys) -> list[str]:
     return [f"{section}.{k}: {saved.get(k)!r} → {current.get(k)!r}" for k in keys if saved.get(k) != current.get(k)]
+
+
+def run_differences(saved: dict, config: dict) -> list[str]:
+    """The keys of a saved run's config (a checkpoint's, or run_dir/config.yaml) that make `config` another run:
+    the architecture, the data and its splits, the seed, and what the saved Adam state depends on."""
+    train_saved = {"freeze": [], "train_top_layers": None, **saved.get("train", {})}
+    diffs = (differences(model_config_with_defaults(saved.get("model", {})), config["model"], "model", ARCH_KEYS)
+             + differences(saved.get("data", {}), config["data"], "data", DATA_KEYS)
+             + differences(saved, config, "", ("seed",))
+             + differences(train_saved, config["train"], "train", ("max_tokens", "freeze", "train_top_layers")))
+    return [d.lstrip(".") for d in diffs]
 
 
 @dataclass
@@ -106,19 +130,20 @@ def resume_or_initialise(job: TrainJob, run_dir: Path) -> Start:
     resume_path = ckpt.latest_resumable(run_dir)
     if resume_path is not None:
         state = ckpt.load(resume_path)
-        saved = state["config"]
-        diffs = (differences(model_config_with_defaults(saved["model"]), config["model"], "model", ARCH_KEYS)
-                 + differences(saved["data"], config["data"], "data", DATA_KEYS)
-                 + differences(saved, config, "", ("seed",))
-                 + differences({"freeze": [], "train_top_layers": None, **saved["train"]}, config["train"], "train",
-                               ("max_tokens", "freeze", "train_top_layers")))  # the saved Adam state's parameters
+        diffs = run_differences(state["config"], config)
         if diffs:
-            raise ConfigError("run_dir holds a different run (" + "; ".join(d.lstrip(".") for d in diffs)
+            raise ConfigError("run_dir holds a different run (" + "; ".join(diffs)
                               + "): use another run_dir or the saved values")
         if job.init_from:
             log.warning("init_from=%s is ignored: resuming the run in %s", job.init_from, run_dir)
         log.info("resuming from %s (update %d)", resume_path, state["step"])
         return Start(resume=state, resume_path=resume_path, vocab=load_vocab(ckpt.spm_bytes(state)))
+    record = run_dir / "config.yaml"  # written before the first update: a run that has not saved a checkpoint yet
+    if record.is_file():
+        diffs = run_differences(OmegaConf.to_container(OmegaConf.load(record)), config)
+        if diffs:
+            raise ConfigError(f"run_dir holds another run that has no checkpoint yet ({'; '.join(diffs)}; see "
+                              f"{record}): use another run_dir, or delete {run_dir} to start it again")
     if not job.init_from:
         if job.train.freeze or job.train.train_top_layers is not None:
             log.warning("freezing without init_from: the frozen weights stay at their random initialisation")
@@ -127,7 +152,7 @@ def resume_or_initialise(job: TrainJob, run_dir: Path) -> Start:
     diffs = differences(model_config_with_defaults(init["model_config"]), config["model"], "model", ARCH_KEYS)
     if diffs:
         raise ConfigError(f"init_from={job.init_from} has another architecture ({'; '.join(diffs)}): "
-                          "set model.* to the checkpoint's values")
+                          "drop those model.* overrides (the checkpoint's architecture is used without them)")
     start = Start(init=init)
     if job.data.vocab == "keep":
         start.vocab = load_vocab(ckpt.spm_bytes(init))
@@ -402,7 +427,7 @@ def write_run_record(run: Run, argv: list[str]) -> None:
     """run_dir/config.yaml (the resolved job) and provenance.json (where and how it was started)."""
     OmegaConf.save(OmegaConf.create(dataclasses.asdict(run.job)), run.run_dir / "config.yaml")
     record = provenance(world_size=run.dist.world_size, update_freq=run.state.update_freq,
-                        max_tokens=run.state.max_tokens, argv=argv)
+                        max_tokens=run.state.max_tokens, argv=argv, data=run.job.data)
     ckpt.atomic_write(run.run_dir / "provenance.json", json.dumps(record, indent=2) + "\n")
 
 
@@ -413,17 +438,16 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def provenance(*, world_size: int, update_freq: int, max_tokens: int, argv: list[str]) -> dict:
-    """Where and how a run was started: command, host, commit, library versions, world size, batch."""
+def provenance(*, world_size: int, update_freq: int, max_tokens: int, argv: list[str], data=None) -> dict:
+    """Where and how a run was started: command, host, commit, library versions, world size, batch, and the
+    corpus (`data`, a DataConfig: the dataset with its pinned revision, or the text prefixes)."""
     root = Path(__file__).resolve().parent.parent
     try:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
-    versions = {"python": platform.python_version(), "torch": torch.__version__}
-    for package in ("datasets", "sentencepiece", "sacrebleu"):
-        versions[package] = importlib.metadata.version(package)
+    versions = {**package_versions(), "torch": torch.__version__}
     return {
         "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "command": [sys.executable, sys.argv[0], *argv],
@@ -434,6 +458,10 @@ def provenance(*, world_size: int, update_freq: int, max_tokens: int, argv: list
         "update_freq": update_freq,
         "max_tokens_per_update": max_tokens * world_size * update_freq,
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "data": None if data is None else {
+            "dataset": data.dataset, "subset": data.subset,
+            "revision": data.revision if data.dataset else None,  # null for a hub dataset: its newest revision
+            "train_prefix": data.train_prefix, "valid_prefix": data.valid_prefix, "test_prefix": data.test_prefix},
     }
 
 
@@ -455,13 +483,25 @@ def print_summary(job, argv: list[str]) -> None:
     test_prefix, d = job.data.test_prefix, job.data
     test_src, test_ref = ((f"{test_prefix}.{d.src_lang}", f"{test_prefix}.{d.tgt_lang}") if test_prefix
                           else ("src.txt", "ref.txt"))
+    t = job.train
+    if job.init_from or t.patience:  # a small corpus overfits; an early stop leaves the last checkpoints past the best
+        model = run_dir / "checkpoints" / "best.pt"
+        which = (f"best.pt (the best validation {t.best_metric}: fine-tuning overfits a small corpus and an early "
+                 f"stop leaves the last checkpoints past the best) or averaged.pt (the last {t.average_last} "
+                 "averaged, the paper's choice when the curve is still flat at the end)")
+    else:
+        model = run_dir
+        which = (f"averaged.pt (the last {t.average_last} averaged, as the paper; checkpoint=<run_dir> picks it) "
+                 f"or best.pt (the best validation {t.best_metric})")
     print("\n".join([
         f"run directory:  {run_dir}",
-        f"  checkpoints:  {run_dir / 'checkpoints'} (averaged.pt = the average of the last {job.train.average_last})",
+        f"  checkpoints:  {run_dir / 'checkpoints'} (averaged.pt = the average of the last {t.average_last}; "
+        f"best.pt = the best validation {t.best_metric}; last.pt = the newest)",
+        f"  translate with {which}",
         f"  tensorboard:  tensorboard --logdir {run_dir / 'tensorboard'}",
         f"  config:       {run_dir / 'config.yaml'}; provenance: {run_dir / 'provenance.json'}",
         "next:",
-        f"  python translate.py checkpoint={run_dir} < {test_src}",
-        f"  python evaluate.py checkpoint={run_dir} src={test_src} ref={test_ref}",
+        f"  python translate.py checkpoint={model} < {test_src}",
+        f"  python evaluate.py checkpoint={model} src={test_src} ref={test_ref}",
         f"  python train.py {' '.join(argv)} train.max_steps=<more>    # resumes where this run stopped",
     ]), file=sys.stderr, flush=True)

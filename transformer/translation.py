@@ -42,7 +42,7 @@ from transformer.cli import pick_device
 from transformer.config import ConfigError, DecodeConfig
 from transformer.loss import label_smoothed_nll
 from transformer.model import Transformer, TransformerConfig
-from transformer.scoring import Score, sacrebleu_scores
+from transformer.scoring import Score, package_versions, sacrebleu_scores
 from transformer.search import Ensemble, Hypothesis, Seq2Seq, beam_search, greedy_search
 
 log = logging.getLogger(__name__)
@@ -361,9 +361,11 @@ def split_bleu(model: Seq2Seq, vocab, src_ids: Sequence[Sequence[int]], referenc
 
 
 def write_results(out: Path, hypotheses: Sequence[str], results: dict) -> None:
-    """`out`/hyp.txt (one translation per line) and `out`/scores.json, each written atomically."""
+    """`out`/hyp.txt (one translation per line) and `out`/scores.json (`results` and the package versions that
+    produced them), each written atomically."""
     ckpt.atomic_write(out / "hyp.txt", "".join(line + "\n" for line in hypotheses))
-    ckpt.atomic_write(out / "scores.json", json.dumps(results, indent=2) + "\n")
+    record = {**results, "versions": results.get("versions") or package_versions()}
+    ckpt.atomic_write(out / "scores.json", json.dumps(record, indent=2) + "\n")
 
 
 @torch.no_grad()
