@@ -9,7 +9,8 @@
 - `MarianVocab` (imported OPUS-MT / Marian models, transformer/hf.py): a source and a target SentencePiece
   model whose pieces share one id table (Marian's `vocab.json`; or one table per side, `target_vocab.json`).
   Ids are carried as Marian numbers them, not remapped: EOS=0, UNK=1, PAD = the id of `<pad>` (the last one
-  in OPUS-MT models), no BOS: the decoder starts with PAD (bos_id = pad_id). Stored as one JSON document.
+  in OPUS-MT models), no BOS: the decoder starts with PAD (bos_id = pad_id; another decoder start id is
+  carried as bos_id). Stored as one JSON document.
 
 Both give `encode` (source side), `encode_target`, `decode` (target side), the special ids and
 `token_config()`, the vocabulary's part of a `TransformerConfig`.
@@ -138,7 +139,7 @@ class MarianVocab:
 
     Tokenisation is MarianTokenizer's: a leading language token `>>xx<<` is kept as one token, the rest is
     split into pieces by the side's SentencePiece model, and each piece is looked up in the table (a piece
-    not in it is UNK). Decoding drops PAD, EOS and UNK (MarianTokenizer's skip_special_tokens) and joins the
+    not in it is UNK). Decoding drops PAD, EOS, UNK (MarianTokenizer's skip_special_tokens) and BOS, joins the
     pieces with the target model. Build with `MarianVocab.create`, or load with `load_vocab`.
     """
 
@@ -156,18 +157,19 @@ class MarianVocab:
         except (ValueError, KeyError, TypeError, RuntimeError):
             raise DataError(f"{origin} is not a readable Marian vocabulary (written by python -m transformer.hf "
                             "import)") from None
-        self.bos_id = self.pad_id  # Marian has no BOS: the decoder starts with PAD
+        self.bos_id = int(doc.get("bos_id", self.pad_id))  # the decoder's start: PAD in Marian's models
         self._proto = bytes(document)
         self._source_index = {piece: i for i, piece in enumerate(self.source_pieces)}
         self._target_index = {piece: i for i, piece in enumerate(self.target_pieces)}
         for side, pieces in (("source", self.source_pieces), ("target", self.target_pieces)):
-            if max(self.pad_id, self.unk_id, self.eos_id) >= len(pieces):
+            if max(self.pad_id, self.unk_id, self.eos_id, self.bos_id) >= len(pieces):
                 raise DataError(f"{origin}: a special id is outside the {side} table of {len(pieces)} pieces")
 
     @classmethod
     def create(cls, *, source_spm: bytes, target_spm: bytes, pieces: list[str], target_pieces: list[str] | None,
-               pad_id: int, unk_id: int, eos_id: int) -> MarianVocab:
+               pad_id: int, unk_id: int, eos_id: int, bos_id: int | None = None) -> MarianVocab:
         document = {"format": _MARIAN_FORMAT, "version": 1, "pad_id": pad_id, "unk_id": unk_id, "eos_id": eos_id,
+                    "bos_id": pad_id if bos_id is None else bos_id,
                     "pieces": list(pieces), "target_pieces": None if target_pieces is None else list(target_pieces),
                     "source_spm": base64.b64encode(source_spm).decode("ascii"),
                     "target_spm": base64.b64encode(target_spm).decode("ascii")}
@@ -223,7 +225,7 @@ class MarianVocab:
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         """Detokenized text of target id sequences; PAD, EOS and UNK are dropped."""
-        skip = {self.pad_id, self.eos_id, self.unk_id}
+        skip = {self.pad_id, self.eos_id, self.unk_id, self.bos_id}
         out = []
         for seq in ids:
             pieces = [self.target_pieces[int(i)] for i in seq if int(i) not in skip]

@@ -322,7 +322,9 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_cli_refuses_what_it_cannot_represent_in_one_line(tmp_path, spm_models):
+def test_cli_refuses_what_it_cannot_represent_in_one_line(tmp_path, spm_models, capsys):
+    """The first case through a real `python -m transformer.hf` process, the others through its `main` in this
+    process (the same code and stderr, without another start of torch and transformers)."""
     from transformer import checkpoint as ckpt
     from transformer.model import Transformer, TransformerConfig
 
@@ -340,11 +342,16 @@ def test_cli_refuses_what_it_cannot_represent_in_one_line(tmp_path, spm_models):
     cases = [(("import", str(marian), str(tmp_path / "a")), "activation 'tanh'"),
              (("import", str(bart), str(tmp_path / "b")), "model_type='bart'"),
              (("export", str(tmp_path / "pre.pt"), str(tmp_path / "c")), "pre-norm")]
-    for args, named in cases:
-        result = cli(*args)
-        assert result.returncode == 2, result.stderr
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], result.stderr
+    for number, (args, named) in enumerate(cases):
+        if number == 0:
+            result = cli(*args)
+            status, stderr = result.returncode, result.stderr
+        else:
+            capsys.readouterr()
+            status, stderr = hf.main(list(args)), capsys.readouterr().err
+        assert status == 2, stderr
+        lines = stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], stderr
 
 
 # ------------------------------------------------------------------------------------------ fine-tuning

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from data.errors import DataError
-from data.vocab import MarianVocab, Vocab, load_vocab
+from data.vocab import BOS_ID, MarianVocab, Vocab, load_vocab
 from transformer import checkpoint as ckpt
 from transformer.config import ARCH_KEYS, ModelConfig
 from transformer.errors import one_line
@@ -264,14 +264,12 @@ def _refuse_unrepresentable(src: Path, c: dict, hc) -> None:
         "decoder_attention_heads": hc.decoder_attention_heads != hc.encoder_attention_heads,
         "decoder_ffn_dim": hc.decoder_ffn_dim != hc.encoder_ffn_dim,
         "activation_function": hc.activation_function not in _ACTIVATIONS_FROM_HF,
-        "decoder_start_token_id": hc.decoder_start_token_id != hc.pad_token_id,
         "normalize_before": bool(c.get("normalize_before")), "add_bias_logits": bool(c.get("add_bias_logits")),
         "normalize_embedding": bool(c.get("normalize_embedding")),
     }
     why = {"decoder_attention_heads": "encoder and decoder with different head counts",
            "decoder_ffn_dim": "encoder and decoder with different feed-forward widths",
            "activation_function": f"activation {hc.activation_function!r} (relu, gelu and swish are supported)",
-           "decoder_start_token_id": f"a decoder started with id {hc.decoder_start_token_id}, not PAD",
            "normalize_before": "pre-norm layers", "add_bias_logits": "a trained logits bias",
            "normalize_embedding": "a LayerNorm on the embeddings"}
     for key, refused in refusals.items():
@@ -312,8 +310,10 @@ def _convert(src: Path, run_dir: Path, hc, hf: dict[str, torch.Tensor], tokenize
     return path, config
 
 
-def _marian_vocab(src: Path, tokenizer: dict, hc) -> MarianVocab:
-    """The Marian vocabulary of `src`: its SentencePiece models and id table(s), special ids checked."""
+def _marian_vocab(src: Path, tokenizer: dict, hc) -> Vocab | MarianVocab:
+    """The vocabulary of `src`: its SentencePiece models and id table(s), special ids checked. A model that
+    this framework exported (one SentencePiece model whose own ids are the table, PAD=0 UNK=1 BOS=2 EOS=3,
+    the decoder started by BOS) gets its own kind of vocabulary back, so import(export(x)) is x."""
     separate = bool(tokenizer.get("separate_vocabs"))
     table = _read_json(src / "vocab.json", "vocabulary")
     pieces = _pieces(table, src / "vocab.json", hc.vocab_size)
@@ -342,9 +342,21 @@ def _marian_vocab(src: Path, tokenizer: dict, hc) -> MarianVocab:
         except OSError as e:
             raise InteropError(f"cannot read {src / f'{side}.spm'}: {e.strerror or e}; a Marian model directory "
                                "has source.spm and target.spm") from None
+    start = hc.decoder_start_token_id
+    if start in (ids["unk"], ids["eos"]) or not 0 <= start < min(len(pieces), len(target or pieces)):
+        raise InteropError(f"{src}: the decoder starts with id {start} (decoder_start_token_id), which is UNK, EOS "
+                           "or no id: it cannot be represented by this framework's model")
+    if spm["source"] == spm["target"] and target is None and start == BOS_ID:
+        try:
+            own = Vocab(spm["source"], origin=str(src / "source.spm"))
+        except DataError:
+            own = None
+        if own is not None and own.pieces(range(own.size)) == pieces:
+            return own
     try:
         return MarianVocab.create(source_spm=spm["source"], target_spm=spm["target"], pieces=pieces,
-                                  target_pieces=target, pad_id=ids["pad"], unk_id=ids["unk"], eos_id=ids["eos"])
+                                  target_pieces=target, pad_id=ids["pad"], unk_id=ids["unk"], eos_id=ids["eos"],
+                                  bos_id=start)
     except DataError as e:
         raise InteropError(f"{src}: {e}") from None
 
