@@ -250,7 +250,7 @@ def load_vocab(path_or_bytes: str | os.PathLike | bytes) -> Vocab | MarianVocab:
         try:
             data, origin = Path(path_or_bytes).read_bytes(), str(path_or_bytes)
         except OSError as e:
-            raise DataError(f"cannot read vocabulary {path_or_bytes}: {e.strerror or e}") from None
+            raise DataError(f"cannot read SentencePiece model {path_or_bytes}: {e.strerror or e}") from None
     if data[:1] == b"{":  # a JSON document; a SentencePiece model is a protobuf, which never starts with "{"
         return MarianVocab(data, origin=origin)
     return Vocab(data, origin=origin)
