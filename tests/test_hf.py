@@ -269,7 +269,9 @@ def ct2_translate(directory: Path, vocab, lines, *, beam: int, compute_type: str
     translator = ctranslate2.Translator(str(directory), device="cpu", compute_type=compute_type, intra_threads=1)
     pieces = [vocab.pieces(row) for row in vocab.encode(lines)]
     results = translator.translate_batch(pieces, beam_size=beam, length_penalty=1.0, max_decoding_length=CAP,
-                                         suppress_sequences=[["<pad>"], ["<s>"]])
+                                         suppress_sequences=[["<pad>"], ["<s>"]], patience=4)
+    # patience: CTranslate2's default (1) stops once beam_size hypotheses have ended, as generate's
+    # early_stopping=True; ours runs on while an open one can win (on a 500-update tiny model: 93 vs 100 of 100).
     sp = spm.SentencePieceProcessor(model_proto=(directory / "target.spm").read_bytes())
     return [sp.decode_pieces(r.hypotheses[0]) for r in results]
 
