@@ -69,7 +69,7 @@ def references_and_sources(job: EvaluateJob, translator) -> tuple[list[str] | No
 
 def read_file(path: str, key: str) -> list[str]:
     if not Path(path).is_file():
-        raise ConfigError(f"{key}={path} is not a file")
+        raise ConfigError(f"{key}={path} is not a file: give a text file, one sentence a line")
     return read_lines(path)
 
 

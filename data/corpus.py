@@ -69,7 +69,8 @@ def text_source(prefix: str | os.PathLike, src_lang: str, tgt_lang: str) -> Text
         if not path.is_file():
             siblings = sorted(p.name for p in prefix.parent.glob(f"{prefix.name}.*")) if prefix.parent.is_dir() else []
             found = f"files with this prefix: {', '.join(siblings)}" if siblings else "no file has this prefix"
-            raise DataError(f"data file not found: {path} ({found})")
+            raise DataError(f"data file not found: {path} ({found}); a data.*_prefix P names the files "
+                            f"P.{src_lang} and P.{tgt_lang}: fix the prefix or data.src_lang/data.tgt_lang")
     return TextSource(src_path=src.resolve(), tgt_path=tgt.resolve())
 
 
@@ -138,10 +139,12 @@ def _load_text(source: TextSource, *, cache_dir: Path, hashes: FileHashes) -> da
     n_src, n_tgt = count_lines(source.src_path), count_lines(source.tgt_path)
     if n_src != n_tgt:
         raise DataError(
-            f"misaligned parallel files: {source.src_path} has {n_src} lines but {source.tgt_path} has {n_tgt}"
+            f"misaligned parallel files: {source.src_path} has {n_src} lines but {source.tgt_path} has {n_tgt}; "
+            "line n of one must be the translation of line n of the other: fix the files"
         )
     if n_src == 0:  # datasets cannot build an empty split from a generator
-        raise DataError(f"empty parallel files: {source.src_path} and {source.tgt_path} have no lines")
+        raise DataError(f"empty parallel files: {source.src_path} and {source.tgt_path} have no lines; give files "
+                        "with one sentence a line")
     # The explicit fingerprint (the files' content) is what datasets keys its cache on, so a changed file
     # is read again and an unchanged one is not.
     try:

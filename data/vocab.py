@@ -65,7 +65,8 @@ class Vocab:
         try:
             data = path.read_bytes()
         except OSError as e:
-            raise DataError(f"cannot read SentencePiece model {path}: {e.strerror or e}") from None
+            raise DataError(f"cannot read SentencePiece model {path}: {e.strerror or e}; give the path of a .model "
+                            "file (data.spm_model), or data.spm_model=null to train one") from None
         return cls(data, origin=str(path))
 
     @classmethod

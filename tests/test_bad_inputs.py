@@ -2,9 +2,11 @@
 input is merely odd, in the documented handling), with no traceback and no damaged checkpoint.
 
 Each case below is one row of the table in docs/RELIABILITY.md; `python tests/test_bad_inputs.py` runs them
-all and prints that table. Cases run in-process through `train.main`, `translate.main` and `evaluate.main`
-(the command line adds only `main_with_user_errors`, which prints `error: <one_line(error)>` and exits 2);
-the subprocess tests at the end prove that wrapper for each entry point.
+all and prints that table. Error cases run as the command line runs them, `main_with_user_errors` around
+`train.main`, `translate.main` or `evaluate.main`, in this process with stdout and stderr captured down to
+the file descriptors (`user_error`): the raw stderr is checked, not a message the code shortened. Every case
+names a fragment of the problem and one of the fix (or of the handling), written here by hand. The
+subprocess tests at the end prove the same for real processes.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import io
 import itertools
 import logging
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -35,8 +38,7 @@ from test_train import ROOT, Corpus, corpus, subprocess_env, train_main  # noqa:
 import evaluate  # noqa: E402
 import translate  # noqa: E402
 from transformer import checkpoint as ckpt  # noqa: E402
-from transformer.cli import user_errors  # noqa: E402
-from transformer.errors import one_line  # noqa: E402
+from transformer.cli import main_with_user_errors  # noqa: E402
 
 # ------------------------------------------------------------------------------------------ the workspace
 
@@ -100,15 +102,55 @@ def quietly(main: Callable[[list[str]], int], argv: list[str]) -> tuple[int, str
     return status, err.getvalue()
 
 
+@contextlib.contextmanager
+def raw_output():
+    """Everything written to stdout and stderr inside the block, by Python or below it (file descriptors 1
+    and 2): yields a dict whose "out" and "err" are filled on the way out."""
+    captured: dict[str, str] = {}
+    python_out, python_err = io.StringIO(), io.StringIO()
+    with tempfile.TemporaryFile() as fd_out, tempfile.TemporaryFile() as fd_err:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        os.dup2(fd_out.fileno(), 1)
+        os.dup2(fd_err.fileno(), 2)
+        try:
+            with contextlib.redirect_stdout(python_out), contextlib.redirect_stderr(python_err):
+                yield captured
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+            for name, python, fd in (("out", python_out, fd_out), ("err", python_err, fd_err)):
+                fd.seek(0)
+                captured[name] = fd.read().decode("utf-8", errors="replace") + python.getvalue()
+
+
 def user_error(main, argv: list[str]) -> str:
-    """The one-line message of the user error that `main(argv)` must raise."""
+    """The message of `main(argv)` run as its command line runs it (`main_with_user_errors`, in this
+    process): it must exit with status 2, write nothing on stdout and exactly one non-empty line on stderr,
+    `error: ` and the message, with no traceback. Returns the message."""
+    root = logging.getLogger()
+    handlers, level, argv0 = root.handlers[:], root.level, sys.argv
+    sys.argv = ["entry-point", *map(str, argv)]
     try:
-        status, log = quietly(main, argv)
-    except user_errors() as error:
-        message = one_line(error)
-        assert message and "\n" not in message
-        return message
-    raise AssertionError(f"expected a user error, got status {status}; log ends: {log[-2000:]}")
+        with raw_output() as raw, pytest.raises(SystemExit) as exit_info:
+            main_with_user_errors(train_main if main is train_main else main)()
+    finally:
+        sys.argv = argv0
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    lines = [line for line in raw["err"].splitlines() if line.strip()]
+    assert exit_info.value.code == 2, raw["err"][-2000:]
+    assert [line for line in lines if line.startswith("error: ")] == lines[-1:], raw["err"][-2000:]
+    # An error found once the run has started follows the run's progress: INFO records and progress bars.
+    assert all(RUN_PROGRESS.match(line) for line in lines[:-1]), raw["err"][-2000:]
+    assert "Traceback" not in raw["err"] and raw["out"] == "", raw
+    return lines[-1].removeprefix("error: ")
+
+
+RUN_PROGRESS = re.compile(r"\d\d:\d\d:\d\d \| INFO \| |.*(/s\]|\(\d\d:\d\d\))$")
 
 
 def translate_file(ws: Workspace, data: bytes, *args: str) -> tuple[list[bytes], str]:
@@ -131,7 +173,8 @@ class Case:
     group: str
     name: str
     run: Callable[[Workspace], str]  # returns the message (error) or what happened (handled input)
-    expect: str                      # a fragment the message must contain
+    expect: str                      # the problem: a fragment the message must contain
+    fix: str                         # what to do (or, for a handled input, what was done): another fragment
 
     def __str__(self) -> str:
         return self.name
@@ -140,15 +183,15 @@ class Case:
 CASES: list[Case] = []
 
 
-def case(group: str, name: str, expect: str):
+def case(group: str, name: str, expect: str, fix: str):
     def add(run):
-        CASES.append(Case(group, name, run, expect))
+        CASES.append(Case(group, name, run, expect, fix))
         return run
     return add
 
 
-def config_case(name: str, changes: dict, expect: str) -> None:
-    case("config", name, expect)(lambda ws: user_error(train_main, ws.train_args(changes)))
+def config_case(name: str, changes: dict, expect: str, fix: str) -> None:
+    case("config", name, expect, fix)(lambda ws: user_error(train_main, ws.train_args(changes)))
 
 
 def plus_override_case(ws: Workspace) -> str:
@@ -156,45 +199,45 @@ def plus_override_case(ws: Workspace) -> str:
 
 
 # Configuration (train.py; translate.py and evaluate.py share the composition and the decode.* checks)
-config_case("unknown key", {"train.max_stepz": 5}, "Could not override 'train.max_stepz'")
-case("config", "unknown key added with +", "unknown config key 'train.max_stepz'")(plus_override_case)
-config_case("unknown group option", {"model": "huge"}, "Could not find 'model/huge'")
+config_case("unknown key", {"train.max_stepz": 5}, "Could not override 'train.max_stepz'", "check the key's spelling")
+case("config", "unknown key added with +", "unknown config key 'train.max_stepz'", "check the spelling")(plus_override_case)
+config_case("unknown group option", {"model": "huge"}, "Could not find 'model/huge'", "options in 'model': base big tiny")
 config_case("wrong type: train.max_steps=abc", {"train.max_steps": "abc"},
-            "train.max_steps=abc is invalid: Value 'abc' of type 'str' could not be converted to Integer")
-config_case("wrong type: model.d_model=x", {"model.d_model": "x"}, "model.d_model=x is invalid")
-config_case("wrong type: train.lr_scale=fast", {"train.lr_scale": "fast"}, "train.lr_scale=fast is invalid")
-config_case("wrong type: seed=abc", {"seed": "abc"}, "seed=abc is invalid: Value 'abc' of type 'str'")
-config_case("wrong type: data.max_len=abc", {"data.max_len": "abc"}, "data.max_len=abc is invalid")
-config_case("wrong type: data.dedup=maybe", {"data.dedup": "maybe"}, "data.dedup=maybe is invalid: Value 'maybe' is not a valid bool")
-config_case("negative train.max_steps=-1", {"train.max_steps": -1}, "train.max_steps=-1 is invalid")
+            "train.max_steps=abc is invalid: Value 'abc' of type 'str' could not be converted to Integer", "give a value of the key's type")
+config_case("wrong type: model.d_model=x", {"model.d_model": "x"}, "model.d_model=x is invalid", "give a value of the key's type")
+config_case("wrong type: train.lr_scale=fast", {"train.lr_scale": "fast"}, "train.lr_scale=fast is invalid", "give a value of the key's type")
+config_case("wrong type: seed=abc", {"seed": "abc"}, "seed=abc is invalid: Value 'abc' of type 'str'", "give a value of the key's type")
+config_case("wrong type: data.max_len=abc", {"data.max_len": "abc"}, "data.max_len=abc is invalid", "give a value of the key's type")
+config_case("wrong type: data.dedup=maybe", {"data.dedup": "maybe"}, "data.dedup=maybe is invalid: Value 'maybe' is not a valid bool", "give a value of the key's type")
+config_case("negative train.max_steps=-1", {"train.max_steps": -1}, "train.max_steps=-1 is invalid", "set it to a number >= 0 or null")
 config_case("impossible shape: d_model 16, heads 3", {"model.heads": 3},
-            "model.d_model=16 is not divisible by model.heads=3")
-config_case("impossible value: model.dropout=1.5", {"model.dropout": 1.5}, "model.dropout=1.5 is invalid")
-config_case("zero token budget: train.max_tokens=0", {"train.max_tokens": 0}, "train.max_tokens=0 must be a positive")
+            "model.d_model=16 is not divisible by model.heads=3", "choose d_model a multiple of heads")
+config_case("impossible value: model.dropout=1.5", {"model.dropout": 1.5}, "model.dropout=1.5 is invalid", "choose a probability in [0, 1)")
+config_case("zero token budget: train.max_tokens=0", {"train.max_tokens": 0}, "train.max_tokens=0 must be a positive", "must be a positive integer")
 config_case("averaging more than is kept", {"train.average_last": 20, "train.keep_last": 5},
-            "train.average_last=20 exceeds train.keep_last=5")
-config_case("unknown precision: train.precision=fp8", {"train.precision": "fp8"}, "train.precision=fp8 is not one of")
-config_case("unknown device: device=tpu", {"device": "tpu"}, "device=tpu is not one of auto, cpu, cuda")
+            "train.average_last=20 exceeds train.keep_last=5", "keep at least as many checkpoints as you average")
+config_case("unknown precision: train.precision=fp8", {"train.precision": "fp8"}, "train.precision=fp8 is not one of", "one of auto, fp32, bf16, fp16")
+config_case("unknown device: device=tpu", {"device": "tpu"}, "device=tpu is not one of auto, cpu, cuda", "one of auto, cpu, cuda, cuda:N")
 config_case("vocabulary too small: data.vocab_size=10", {"data.vocab_size": 10, "data.spm_model": "null"},
-            "data.vocab_size must be an integer >= 300")
-config_case("two corpus sources", {"data.dataset": "wmt/wmt14"}, "both data.dataset and data.train_prefix are set")
-config_case("no corpus source", {"data.train_prefix": "null"}, "neither data.dataset nor data.train_prefix is set")
+            "data.vocab_size must be an integer >= 300", "or null, got 10")
+config_case("two corpus sources", {"data.dataset": "wmt/wmt14"}, "both data.dataset and data.train_prefix are set", "set one of them to null")
+config_case("no corpus source", {"data.train_prefix": "null"}, "neither data.dataset nor data.train_prefix is set", "set one (the other stays null)")
 
 
-@case("config", "run_dir under a regular file", "cannot create")
+@case("config", "run_dir under a regular file", "cannot create", "choose another run_dir")
 def _(ws):
     blocker = ws.text_file("a-file", b"x")
     return user_error(train_main, ws.train_args(run_dir=blocker / "run"))
 
 
-@case("config", "run_dir/checkpoints is a regular file", "checkpoints: File exists; choose another run_dir")
+@case("config", "run_dir/checkpoints is a regular file", "checkpoints: File exists; choose another run_dir", "choose another run_dir")
 def _(ws):
     run_dir = ws.fresh()
     (run_dir / "checkpoints").write_text("not a directory")
     return user_error(train_main, ws.train_args(run_dir=run_dir))
 
 
-@case("config", "resume with another architecture", "run_dir holds a different run (model.d_model: 16 → 24)")
+@case("config", "resume with another architecture", "run_dir holds a different run (model.d_model: 16 → 24)", "use another run_dir or the saved values")
 def _(ws):
     before = ws.last.read_bytes()
     message = user_error(train_main, ws.train_args({"model.d_model": 24}, run_dir=ws.run))
@@ -202,27 +245,27 @@ def _(ws):
     return message
 
 
-@case("config", "resume with another vocabulary (data.spm_model)", "run_dir holds a different run (data.spm_model:")
+@case("config", "resume with another vocabulary (data.spm_model)", "run_dir holds a different run (data.spm_model:", "use another run_dir or the saved values")
 def _(ws):
     return user_error(train_main, ws.train_args({"data.spm_model": ws.other_spm}, run_dir=ws.run))
 
 
-@case("config", "init_from whose vocabulary is not data.spm_model", "is not the vocabulary of init_from")
+@case("config", "init_from whose vocabulary is not data.spm_model", "is not the vocabulary of init_from", "set data.vocab=transfer to use it")
 def _(ws):
     return user_error(train_main, ws.train_args({"init_from": ws.last, "data.spm_model": ws.other_spm}))
 
 
-@case("config", "decode.lenpen=x (translate.py)", "decode.lenpen=x is invalid: Value 'x' of type 'str' could not be converted to Float")
+@case("config", "decode.lenpen=x (translate.py)", "decode.lenpen=x is invalid: Value 'x' of type 'str' could not be converted to Float", "give a value of the key's type")
 def _(ws):
     return user_error(translate.main, [f"checkpoint={ws.run}", "decode.lenpen=x"])
 
 
-@case("config", "decode.nbest=5 with decode.beam=4", "decode.nbest=5 exceeds decode.beam=4")
+@case("config", "decode.nbest=5 with decode.beam=4", "decode.nbest=5 exceeds decode.beam=4", "raise the beam")
 def _(ws):
     return user_error(translate.main, [f"checkpoint={ws.run}", "decode.nbest=5"])
 
 
-@case("config", "no checkpoint= (translate.py)", "give checkpoint=<run_dir or .pt>")
+@case("config", "no checkpoint= (translate.py)", "give checkpoint=<run_dir or .pt>", "or checkpoint=[a.pt,b.pt] for an ensemble")
 def _(ws):
     return user_error(translate.main, [])
 
@@ -233,32 +276,32 @@ def data_args(ws: Workspace, prefix, changes: dict | None = None) -> list[str]:
                           **(changes or {})})
 
 
-@case("data", "training file missing", "data file not found:")
+@case("data", "training file missing", "data file not found:", "fix the prefix or data.src_lang/data.tgt_lang")
 def _(ws):
     return user_error(train_main, data_args(ws, ws.fresh() / "nothing"))
 
 
-@case("data", "validation file missing", "data file not found:")
+@case("data", "validation file missing", "data file not found:", "fix the prefix or data.src_lang/data.tgt_lang")
 def _(ws):
     return user_error(train_main, ws.train_args({"data.valid_prefix": ws.fresh() / "nothing"}))
 
 
-@case("data", "misaligned files (3 vs 2 lines)", "misaligned parallel files:")
+@case("data", "misaligned files (3 vs 2 lines)", "misaligned parallel files:", "must be the translation of line n of the other: fix the files")
 def _(ws):
     return user_error(train_main, data_args(ws, ws.parallel(b"a\nb\nc\n", b"x\ny\n")))
 
 
-@case("data", "empty files", "have no lines")
+@case("data", "empty files", "have no lines", "give files with one sentence a line")
 def _(ws):
     return user_error(train_main, data_args(ws, ws.parallel(b"", b"")))
 
 
-@case("data", "only empty lines", "the training corpus is empty after cleaning")
+@case("data", "only empty lines", "the training corpus is empty after cleaning", "check the files, or relax data.max_len / data.max_len_ratio")
 def _(ws):
     return user_error(train_main, data_args(ws, ws.parallel(b"\n \n\n", b"\n\n\t\n")))
 
 
-@case("data", "binary file (gzip bytes)", "invalid UTF-8 (byte 0x8b at column 2)")
+@case("data", "binary file (gzip bytes)", "invalid UTF-8 (byte 0x8b at column 2)", "fix or remove that line in both files")
 def _(ws):
     return user_error(train_main, data_args(ws, ws.parallel(b"\x1f\x8b\x08\x00binary\n", b"x\n")))
 
@@ -269,7 +312,7 @@ def normal_pairs(ws: Workspace, n: int = 40) -> tuple[bytes, bytes]:
     return b"\n".join(src) + b"\n", b"\n".join(tgt) + b"\n"
 
 
-@case("data", "a 1 MB line (200k words) among normal ones", "1 over max_len")
+@case("data", "a 1 MB line (200k words) among normal ones", "1 over max_len", "41 pairs read, 40 kept")
 def _(ws):
     src, tgt = normal_pairs(ws)
     status, log = quietly(train_main, data_args(ws, ws.parallel(src + b"word " * 200_000 + b"\n", tgt + b"wort\n")))
@@ -277,7 +320,7 @@ def _(ws):
     return next(line for line in log.splitlines() if "data: train:" in line).split("data: ")[1]
 
 
-@case("data", "a 1 MB line with data.max_len=null", "longer than a pass's budget (512 tokens; train.max_tokens=512) and are skipped")
+@case("data", "a 1 MB line with data.max_len=null", "longer than a pass's budget (512 tokens; train.max_tokens=512) and are skipped", "are skipped")
 def _(ws):
     src, tgt = normal_pairs(ws)
     prefix = ws.parallel(src + b"word " * 200_000 + b"\n", tgt + b"wort " * 200_000 + b"\n")
@@ -286,7 +329,7 @@ def _(ws):
     return next(line for line in log.splitlines() if "skipped" in line).split("WARNING | ")[1]
 
 
-@case("data", "a pair with an empty side", "1 with an empty side")
+@case("data", "a pair with an empty side", "1 with an empty side", "41 pairs read, 40 kept")
 def _(ws):
     src, tgt = normal_pairs(ws)
     status, log = quietly(train_main, data_args(ws, ws.parallel(src + b"only a source\n", tgt + b"\n")))
@@ -294,46 +337,46 @@ def _(ws):
     return next(line for line in log.splitlines() if "data: train:" in line).split("data: ")[1]
 
 
-@case("data", "data.spm_model is not a SentencePiece model", "is not a readable SentencePiece model")
+@case("data", "data.spm_model is not a SentencePiece model", "is not a readable SentencePiece model", "(a .model file from spm_train)")
 def _(ws):
     return user_error(train_main, ws.train_args({"data.spm_model": ws.text_file("fake.model", b"\x00garbage")}))
 
 
-@case("data", "data.spm_model missing", "cannot read SentencePiece model")
+@case("data", "data.spm_model missing", "cannot read SentencePiece model", "or data.spm_model=null to train one")
 def _(ws):
     return user_error(train_main, ws.train_args({"data.spm_model": ws.fresh() / "missing.model"}))
 
 
 # Text to translate (translate.py; evaluate.py decodes through the same function)
-@case("text", "empty input", "no output lines")
+@case("text", "empty input", "no output lines", "exit 0")
 def _(ws):
     lines, _ = translate_file(ws, b"")
     assert lines == []
     return "exit 0, no output lines"
 
 
-@case("text", "empty lines", "one empty output line per empty input line")
+@case("text", "empty lines", "one empty output line per empty input line", "exit 0")
 def _(ws):
     lines, _ = translate_file(ws, b"\n\n\n")
     assert lines == [b"", b"", b""]
     return "exit 0, one empty output line per empty input line"
 
 
-@case("text", "invalid UTF-8", "line 2 is not valid UTF-8: the bad bytes were replaced by U+FFFD")
+@case("text", "invalid UTF-8", "line 2 is not valid UTF-8: the bad bytes were replaced by U+FFFD", "exit 0, warning")
 def _(ws):
     lines, log = translate_file(ws, b"good line\nbad \xff\xfe line\n")
     assert len(lines) == 2
     return "exit 0, warning: " + next(line for line in log.splitlines() if "UTF-8" in line).split("WARNING | ")[1]
 
 
-@case("text", "a 10k-token line", "pieces: cropped to decode.max_input_len=1024")
+@case("text", "a 10k-token line", "pieces: cropped to decode.max_input_len=1024", "exit 0, warning")
 def _(ws):
     lines, log = translate_file(ws, b"a b\n" + b"x " * 10_000 + b"\nc d\n")
     assert len(lines) == 3
     return "exit 0, warning: " + next(line for line in log.splitlines() if "cropped" in line).split("WARNING | ")[1]
 
 
-@case("text", "control characters (NUL, ESC, BEL, VT, FF, CR, U+0085, U+2028)", "one output line per input line")
+@case("text", "control characters (NUL, ESC, BEL, VT, FF, CR, U+0085, U+2028)", "one output line per input line", "exit 0")
 def _(ws):
     data = "a\x00b \x1b[31mred\x07\n\x0bvt\x0cff\rcr\n\u0085nel \u2028ls\n".encode()
     lines, _ = translate_file(ws, data)
@@ -341,7 +384,7 @@ def _(ws):
     return "exit 0, one output line per input line"
 
 
-@case("text", "a translation that spells a line break (byte-fallback pieces)", "stays one line")
+@case("text", "a translation that spells a line break (byte-fallback pieces)", "stays one line", "line breaks become spaces")
 def _(ws):
     from data.vocab import Vocab
 
@@ -355,7 +398,7 @@ def _(ws):
     return "exit 0, the translation stays one line (line breaks become spaces)"
 
 
-@case("text", "input file missing", "is not a file: give a text file")
+@case("text", "input file missing", "is not a file: give a text file", "one sentence a line")
 def _(ws):
     return user_error(translate.main, [f"checkpoint={ws.run}", f"input={ws.fresh() / 'missing.txt'}"])
 
@@ -379,7 +422,7 @@ def crafted_checkpoint(ws: Workspace) -> tuple[Path, Path]:
     return path, marker
 
 
-@case("checkpoint", "pickled code in the checkpoint", "refused to load")
+@case("checkpoint", "pickled code in the checkpoint", "refused to load", "only load checkpoints you trust")
 def _(ws):
     path, marker = crafted_checkpoint(ws)
     message = user_error(translate.main, [f"checkpoint={path}"])
@@ -387,7 +430,7 @@ def _(ws):
     return message
 
 
-@case("checkpoint", "pickled code in last.pt of a run being resumed (train.py)", "refused to load")
+@case("checkpoint", "pickled code in last.pt of a run being resumed (train.py)", "refused to load", "resuming from")
 def _(ws):
     run_dir = ws.fresh() / "run"
     shutil.copytree(ws.run, run_dir)
@@ -399,18 +442,18 @@ def _(ws):
     return "exit 0, warning: " + next(line for line in log.splitlines() if "refused" in line).split("WARNING | ")[1]
 
 
-@case("checkpoint", "truncated file", "the file is truncated, corrupted or not written by torch.save")
+@case("checkpoint", "truncated file", "the file is truncated, corrupted or not written by torch.save", "use another checkpoint")
 def _(ws):
     data = ws.last.read_bytes()
     return user_error(translate.main, [f"checkpoint={ws.text_file('half.pt', data[: len(data) // 2])}"])
 
 
-@case("checkpoint", "empty file", "could not read checkpoint")
+@case("checkpoint", "empty file", "could not read checkpoint", "use another checkpoint")
 def _(ws):
     return user_error(translate.main, [f"checkpoint={ws.text_file('empty.pt', b'')}"])
 
 
-@case("checkpoint", "text file named .pt", "could not read checkpoint")
+@case("checkpoint", "text file named .pt", "could not read checkpoint", "use another checkpoint")
 def _(ws):
     return user_error(translate.main, [f"checkpoint={ws.text_file('notes.pt', b'hello')}"])
 
@@ -421,53 +464,53 @@ def wider(state: dict) -> dict:
 
 
 @case("checkpoint", "weights of another shape than its model_config",
-      "do not fit the model (embedding.weight is [400, 16] in the checkpoint but [400, 24] here")
+      "do not fit the model (embedding.weight is [400, 16] in the checkpoint but [400, 24] here", "use another checkpoint")
 def _(ws):
     return user_error(translate.main, [f"checkpoint={ws.damaged('wider.pt', wider)}"])
 
 
 @case("checkpoint", "model_config vocabulary size differs from its vocabulary",
-      "its model has 500 token embeddings but its vocabulary 400 pieces")
+      "its model has 500 token embeddings but its vocabulary 400 pieces", "use another")
 def _(ws):
     path = ws.damaged("v500.pt", lambda s: {**s, "model_config": dict(s["model_config"], vocab_size=500)})
     return user_error(translate.main, [f"checkpoint={path}"])
 
 
-@case("checkpoint", "no model_config", "has no model_config")
+@case("checkpoint", "no model_config", "has no model_config", "use another checkpoint")
 def _(ws):
     path = ws.damaged("nocfg.pt", lambda s: {k: v for k, v in s.items() if k != "model_config"})
     return user_error(translate.main, [f"checkpoint={path}"])
 
 
-@case("checkpoint", "no vocabulary (spm_model)", "holds no SentencePiece model")
+@case("checkpoint", "no vocabulary (spm_model)", "holds no SentencePiece model", "use a checkpoint written by this framework's train.py")
 def _(ws):
     path = ws.damaged("nospm.pt", lambda s: {**s, "spm_model": torch.zeros(0, dtype=torch.uint8)})
     return user_error(translate.main, [f"checkpoint={path}"])
 
 
-@case("checkpoint", "a plain state_dict (another framework's file)", "is a foreign checkpoint")
+@case("checkpoint", "a plain state_dict (another framework's file)", "is a foreign checkpoint", "use one written by its train.py")
 def _(ws):
     path = ws.fresh() / "state_dict.pt"
     torch.save(ws.state["model"], path)
     return user_error(translate.main, [f"checkpoint={path}"])
 
 
-@case("checkpoint", "newer format_version", "newer than this code reads")
+@case("checkpoint", "newer format_version", "newer than this code reads", "upgrade the framework")
 def _(ws):
     return user_error(translate.main, [f"checkpoint={ws.damaged('v99.pt', lambda s: {**s, 'format_version': 99})}"])
 
 
-@case("checkpoint", "path does not exist", "checkpoint not found:")
+@case("checkpoint", "path does not exist", "checkpoint not found:", "expected a .pt file or a run directory")
 def _(ws):
     return user_error(translate.main, [f"checkpoint={ws.fresh() / 'missing.pt'}"])
 
 
-@case("checkpoint", "directory without checkpoints", "no checkpoint in")
+@case("checkpoint", "directory without checkpoints", "no checkpoint in", "pass a run directory that has trained, or a .pt file")
 def _(ws):
     return user_error(translate.main, [f"checkpoint={ws.fresh()}"])
 
 
-@case("checkpoint", "ensemble of models with different vocabularies", "has another vocabulary than")
+@case("checkpoint", "ensemble of models with different vocabularies", "has another vocabulary than", "an ensemble needs models that share one SentencePiece model")
 def _(ws):
     from data.vocab import Vocab
 
@@ -478,26 +521,26 @@ def _(ws):
 
 # Scoring (evaluate.py)
 @case("evaluate", "hypothesis and reference of different lengths",
-      "the translation has 2 lines but the reference has 16")
+      "the translation has 2 lines but the reference has 16", "score a translation of this test set")
 def _(ws):
     hyp = ws.text_file("hyp.de", b"a\nb\n")
     return user_error(evaluate.main, [f"hyp={hyp}", f"ref={ws.corpus.prefixes['valid'].with_suffix('.de')}",
                                       f"out={ws.fresh()}", f"table={ws.fresh() / 'table.md'}"])
 
 
-@case("evaluate", "source and reference of different lengths", "src=")
+@case("evaluate", "source and reference of different lengths", "src=", "give a source and reference of the same test set")
 def _(ws):
     src = ws.text_file("src.en", b"a\nb\n")
     return user_error(evaluate.main, [f"checkpoint={ws.run}", f"src={src}",
                                       f"ref={ws.corpus.prefixes['valid'].with_suffix('.de')}"])
 
 
-@case("evaluate", "unknown sacreBLEU test set", "unknown sacreBLEU test set 'wmt99'")
+@case("evaluate", "unknown sacreBLEU test set", "unknown sacreBLEU test set 'wmt99'", "`sacrebleu --list` shows them")
 def _(ws):
     return user_error(evaluate.main, [f"checkpoint={ws.run}", "testset=wmt99"])
 
 
-@case("evaluate", "reference file missing", "is not a file")
+@case("evaluate", "reference file missing", "is not a file", "give a text file, one sentence a line")
 def _(ws):
     return user_error(evaluate.main, [f"hyp={ws.text_file('h.de', b'a')}", f"ref={ws.fresh() / 'missing.de'}"])
 
@@ -513,7 +556,7 @@ def workspace(corpus, tmp_path_factory) -> Workspace:
 @pytest.mark.parametrize("bad", CASES, ids=str)
 def test_bad_input_gets_its_one_line_message(workspace, bad):
     message = bad.run(workspace)
-    assert bad.expect in message, message
+    assert bad.expect in message and bad.fix in message, message
     assert "\n" not in message and "Traceback" not in message
 
 

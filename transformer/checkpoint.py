@@ -279,7 +279,7 @@ def load(path: str | os.PathLike, map_location: Any = "cpu", *, mmap: bool = Fal
     if not isinstance(obj, dict) or "format_version" not in obj or "model" not in obj:
         raise CheckpointError(
             f"{path} is a foreign checkpoint (no format_version/model keys): this framework reads only the "
-            "checkpoints it writes"
+            "checkpoints it writes: use one written by its train.py"
         )
     version = obj["format_version"]
     if not isinstance(version, int) or isinstance(version, bool):
@@ -296,7 +296,8 @@ def spm_bytes(state: dict) -> bytes:
     """The SentencePiece model stored in a loaded checkpoint (see `spm_tensor`)."""
     proto = state.get("spm_model")
     if not isinstance(proto, torch.Tensor) or proto.dtype != torch.uint8 or proto.numel() == 0:
-        raise CheckpointError("the checkpoint holds no SentencePiece model (spm_model); it cannot be used alone")
+        raise CheckpointError("the checkpoint holds no SentencePiece model (spm_model); it cannot be used alone: "
+                              "use a checkpoint written by this framework's train.py")
     return proto.numpy().tobytes()
 
 
