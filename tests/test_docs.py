@@ -44,6 +44,14 @@ SKIPPED = {
                             "directory holds TensorBoard's event files",
     "export OMP_NUM_THREADS": "an environment setting",
     "python tools/crash_soak.py": "20 SIGKILLed training runs (tests/test_reliability.py runs the soak's pieces)",
+    "pip install torch==2.13.0": "an install from the network; test_the_readme_quickstart_works_in_a_fresh_venv "
+                                 "runs the Quickstart's install line",
+    "python -m transformer.checkpoint average": "needs trained checkpoints; tests/test_checkpoint.py runs the "
+                                                "averaging command line (checkpoint.main)",
+    "python benchmarks/": "a benchmark (minutes to hours, some need a GPU): its figures are in docs/BENCHMARKS.md; "
+                          "tests/test_benchmarks.py runs gpu_check's steps",
+    "python tests/test_bad_inputs.py": "prints the bad-input table; pytest runs the same cases",
+    "torchrun --nnodes 2": "a fragment of docs/RELIABILITY.md's two-node commands, which are composed in full",
 }
 
 
@@ -85,7 +93,16 @@ def fenced_commands(path: Path) -> list[Command]:
     return commands
 
 
-ALL = [c for doc in DOCS for c in fenced_commands(doc)]
+def inline_commands(path: Path) -> list[Command]:
+    """The commands quoted inline in the prose and tables of `path` (`python train.py ...`), fenced blocks
+    left out."""
+    text = re.sub(r"```.*?```", lambda m: "\n" * m[0].count("\n"), path.read_text(encoding="utf-8"), flags=re.S)
+    return [Command(doc=path.relative_to(ROOT).as_posix(), line=text.count("\n", 0, m.start()) + 1,
+                    text=" ".join(m[1].split()))
+            for m in re.finditer(r"`((?:python|torchrun|pip|tensorboard) [^`]*)`", text)]
+
+
+ALL = [c for doc in DOCS for c in (*fenced_commands(doc), *inline_commands(doc))]
 
 
 def skip_reason(command: Command) -> str | None:
@@ -244,4 +261,5 @@ def test_the_readme_quickstart_works_in_a_fresh_venv(tmp_path):
     tiny = (f"run_dir={tmp_path / 'quickstart'} model.d_model=16 model.heads=2 model.d_ff=32 train.max_steps=1 "
             "train.average_last=1 train.test_at_end=false train.valid_bleu_lines=0 train.best_metric=loss")
     sh(f"{train_command} {tiny}", 600)
-    sh(f"{test} tests/test_config.py -x -p no:cacheprovider", 600)
+    assert test.endswith(" tests")  # the whole suite: here one cheap file of it, with the venv's pytest
+    sh(f"{test.removesuffix(' tests')} tests/test_config.py -x -p no:cacheprovider", 600)

@@ -64,6 +64,20 @@ def test_a_bad_device_is_one_line_on_the_command_lines_raw_stderr(script, device
         assert fragment in lines[0], lines[0]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("script", "args", "expect"), [
+    ("translate.py", ["runs/quickstart"], ["'runs/quickstart' is not a key=value override", "write checkpoint=runs/quickstart"]),
+    ("translate.py", ["checkpoint=x", "decode.beams=5"], ["'decode.beams': translate.py has no such key",
+                                                           "TranslateJob", "python translate.py --help"]),
+    ("evaluate.py", ["hyp=x", "train.max_steps=5"], ["'train.max_steps': evaluate.py has no such key", "EvaluateJob"]),
+])
+def test_a_bare_path_or_an_unknown_key_names_the_fix_on_raw_stderr(script, args, expect):
+    status, lines = raw_stderr(script, *args)
+    assert status == 2 and len(lines) == 1 and lines[0].startswith("error: "), lines
+    for fragment in expect:
+        assert fragment in lines[0], lines[0]
+
+
 def test_pick_device_refuses_an_out_of_range_gpu_and_mps_for_training(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -65,8 +66,17 @@ def compose_config(overrides: Sequence[str], *, config_name: str = "config") -> 
                     if config_name in ("translate", "evaluate") else "e.g. experiment=quickstart")
             raise ConfigError(f"'{override}' is not a key=value override: {hint}")
     schema.register()
+    script = {"config": "train.py"}.get(config_name, f"{config_name}.py")
     with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
-        cfg = compose(config_name, overrides=list(overrides), return_hydra_config=True)
+        try:
+            cfg = compose(config_name, overrides=list(overrides), return_hydra_config=True)
+        except HydraException as error:  # "Could not override 'x'": a key this entry point does not have
+            unknown = re.match(r"Could not override '([^']+)'", str(error))
+            if unknown is None:
+                raise
+            raise ConfigError(f"Could not override '{unknown[1]}': {script} has no such key; its keys are "
+                              f"{schema.JOBS[config_name].__name__}'s in transformer/config.py (`python {script} "
+                              "--help` lists them): check the spelling") from None
         # Hydra's `+key=value` adds a key; every key we read is already in the config, so an added one is a
         # typo that would be silently ignored (`++key=value` of an existing key is a plain override).
         added = [o for o in overrides if o.startswith("+")]

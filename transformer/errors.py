@@ -22,7 +22,7 @@ def one_line(error: BaseException, *, limit: int | None = None) -> str:
     if text.startswith("Error merging override ") and cause is not None and str(cause).strip():
         text = (f"{text.removeprefix('Error merging override ')} is invalid: {str(cause).strip().splitlines()[0]}; "
                 "give a value of the key's type (transformer/config.py lists every key with its type)")
-    if "Could not override" in text or "Key '" in text and "not in struct" in text:
+    if ("Could not override" in text or "Key '" in text and "not in struct" in text) and "config.py" not in text:
         text += " (check the key's spelling; transformer/config.py lists every key)"
     if "Could not find" in text:  # a config group option that does not exist: Hydra lists the others below
         options = [line for line in lines[1:] if not line.startswith(("Config search path", "provider="))]
