@@ -65,7 +65,7 @@ class Command:
 def fenced_commands(path: Path) -> list[Command]:
     """The commands of every fenced block of `path`: lines starting with a program in PROGRAMS, joined over
     `\\` continuations; `NAME="..."` lines are shell variables, expanded in the block's later commands."""
-    commands, variables, block, start = [], {}, None, 0
+    commands, variables, block = [], {}, None
     lines = path.read_text(encoding="utf-8").splitlines()
     logical, first = "", 0
     for number, raw in enumerate(lines, start=1):

@@ -25,7 +25,6 @@ import sentencepiece as spm  # noqa: E402
 
 from data.vocab import MarianVocab  # noqa: E402
 from transformer import hf  # noqa: E402
-from transformer.config import DecodeConfig  # noqa: E402
 from transformer.search import beam_search, greedy_search  # noqa: E402
 from transformer.translation import Translator, pad_rows  # noqa: E402
 

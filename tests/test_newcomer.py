@@ -24,12 +24,15 @@ from data import corpus as corpus_module  # noqa: E402
 from data.errors import DataError  # noqa: E402
 from data.pipeline import DataSettings  # noqa: E402
 from data.vocab import train_vocab  # noqa: E402
-from test_train import Corpus, corpus, subprocess_env, train_main  # noqa: E402,F401  (corpus: a fixture)
+import test_train  # noqa: E402
+from test_train import Corpus, subprocess_env, train_main  # noqa: E402
 from transformer import checkpoint as ckpt  # noqa: E402
 from transformer import cli, finetune  # noqa: E402
 from transformer.cli import ConfigError, compose_config  # noqa: E402
 from transformer.config import DataConfig, to_job  # noqa: E402
 from transformer.training import default_run_name, print_summary, provenance, resolve_run_dir  # noqa: E402
+
+corpus = test_train.corpus  # test_train.py's module-scoped fixture, registered in this module as well
 from transformer.translation import write_results  # noqa: E402
 
 
