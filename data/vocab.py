@@ -61,13 +61,7 @@ class Vocab:
         """Load from a `.model` file or from the serialized model (e.g. the bytes a checkpoint stores)."""
         if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
             return cls.from_bytes(bytes(path_or_bytes))
-        path = Path(path_or_bytes)
-        try:
-            data = path.read_bytes()
-        except OSError as e:
-            raise DataError(f"cannot read SentencePiece model {path}: {e.strerror or e}; give the path of a .model "
-                            "file (data.spm_model), or data.spm_model=null to train one") from None
-        return cls(data, origin=str(path))
+        return cls(_read_model(path_or_bytes), origin=str(path_or_bytes))
 
     @classmethod
     def from_bytes(cls, model_proto: bytes) -> Vocab:
@@ -239,8 +233,21 @@ class MarianVocab:
     def pieces(self, ids: list[int]) -> list[str]:
         return [self.source_pieces[int(i)] for i in ids]
 
+    def byte_ids(self) -> list[int]:
+        """Ids of byte-fallback pieces (`<0x00>` ...) in either table; OPUS-MT's models have none."""
+        return sorted({i for pieces in (self.source_pieces, self.target_pieces) for i, piece in enumerate(pieces)
+                       if re.fullmatch(r"<0x[0-9A-F]{2}>", piece)})
+
     def save(self, path: str | os.PathLike) -> None:
         atomic_write(path, self._proto, what="vocabulary")
+
+
+def _read_model(path: str | os.PathLike) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise DataError(f"cannot read SentencePiece model {path}: {e.strerror or e}; give the path of a .model "
+                        "file (data.spm_model), or data.spm_model=null to train one") from None
 
 
 def load_vocab(path_or_bytes: str | os.PathLike | bytes) -> Vocab | MarianVocab:
@@ -248,10 +255,7 @@ def load_vocab(path_or_bytes: str | os.PathLike | bytes) -> Vocab | MarianVocab:
     if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
         data, origin = bytes(path_or_bytes), "<bytes>"
     else:
-        try:
-            data, origin = Path(path_or_bytes).read_bytes(), str(path_or_bytes)
-        except OSError as e:
-            raise DataError(f"cannot read SentencePiece model {path_or_bytes}: {e.strerror or e}") from None
+        data, origin = _read_model(path_or_bytes), str(path_or_bytes)
     if data[:1] == b"{":  # a JSON document; a SentencePiece model is a protobuf, which never starts with "{"
         return MarianVocab(data, origin=origin)
     return Vocab(data, origin=origin)

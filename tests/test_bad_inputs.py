@@ -199,7 +199,7 @@ def plus_override_case(ws: Workspace) -> str:
 
 
 # Configuration (train.py; translate.py and evaluate.py share the composition and the decode.* checks)
-config_case("unknown key", {"train.max_stepz": 5}, "Could not override 'train.max_stepz'", "check the key's spelling")
+config_case("unknown key", {"train.max_stepz": 5}, "Could not override 'train.max_stepz'", "check the spelling")
 case("config", "unknown key added with +", "unknown config key 'train.max_stepz'", "check the spelling")(plus_override_case)
 config_case("unknown group option", {"model": "huge"}, "Could not find 'model/huge'", "options in 'model': base big tiny")
 config_case("wrong type: train.max_steps=abc", {"train.max_steps": "abc"},

@@ -52,6 +52,11 @@ SKIPPED = {
                           "tests/test_benchmarks.py runs gpu_check's steps",
     "python tests/test_bad_inputs.py": "prints the bad-input table; pytest runs the same cases",
     "torchrun --nnodes 2": "a fragment of docs/RELIABILITY.md's two-node commands, which are composed in full",
+    "python -m transformer.hf ": "needs an OPUS-MT model or the run it names; tests/test_hf.py runs import and "
+                                 "export on random MarianMTModels and on the tiny trained model",
+    "pip install -e '.[hf]'": "an install into this environment (CI installs the test extra, which holds it)",
+    "pip install .": "an install into this environment; tests/test_api.py installs a wheel elsewhere and runs the "
+                     "console scripts from another directory",
 }
 
 
@@ -183,6 +188,8 @@ def test_documented_commands_run_on_a_tiny_model(command, workspace):
         assert len(lines) == 4 * 8 and all(line.count(" ||| ") == 2 for line in lines)
     elif "output=" in shell:
         assert len((workspace / "hyp.de").read_text(encoding="utf-8").splitlines()) == 8
+    elif "checkpoints=all" in shell:  # the sweep's table, and its files beside the set's scores
+        assert "averaged.pt" in result.stdout and (workspace / "runs/quickstart/eval/valid/checkpoints.md").is_file()
     elif "evaluate.py" in shell:
         assert result.stdout.startswith("BLEU|") and (workspace / "runs/quickstart/eval/test/scores.json").is_file()
     else:

@@ -185,7 +185,9 @@ def assert_eight_ranks_equal_one_process(run_dir: Path, output: str, corpus: tes
     eight, one = ckpt.load(ckpt.last_path(run_dir)), one_process_of_eight_passes(corpus)
     assert eight["data_state"] == one["data_state"] and eight["step"] == one["step"] == 2
     worst = max((eight["model"][name] - one["model"][name]).abs().max().item() for name in one["model"])
-    assert worst <= 1e-6
+    # Float rounding of 8 partial gradients summed by the all-reduce against 8 passes accumulated in one process:
+    # measured 1.13e-6 on an Intel Xeon (AVX-512) and under 1e-6 on an AMD EPYC (AVX2).
+    assert worst <= 2e-6
 
 
 @pytest.mark.slow

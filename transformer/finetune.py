@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from data.vocab import UNK_ID, MarianVocab, Vocab, load_vocab
+from data.vocab import MarianVocab, Vocab, load_vocab
 from transformer import checkpoint as ckpt
 from transformer.checkpoint import CheckpointError
 from transformer.config import ARCH_KEYS, ConfigError, TrainJob
@@ -117,11 +117,13 @@ class Coverage:
     characters: tuple[str, ...]
 
 
-def coverage(vocab: Vocab, rows: Sequence[Sequence[int]]) -> Coverage:
-    """The `Coverage` of encoded `rows` (piece ids, e.g. a split's src_ids)."""
-    unspelt = np.zeros(vocab.size, dtype=bool)
+def coverage(vocab: Vocab | MarianVocab, rows: Sequence[Sequence[int]]) -> Coverage:
+    """The `Coverage` of encoded `rows` (piece ids, e.g. a split's src_ids): the share of byte-fallback pieces
+    and UNK (a Marian vocabulary has no byte fallback: what its pieces cannot spell is UNK)."""
+    ids = vocab.token_config()
+    unspelt = np.zeros(max(vocab.size, ids.get("target_vocab_size") or 0), dtype=bool)
     unspelt[vocab.byte_ids()] = True
-    unspelt[UNK_ID] = True
+    unspelt[ids["unk_id"]] = True
     total, fallback, characters = 0, 0, collections.Counter()
     for row in rows:
         ids = np.asarray(row, dtype=np.int64)
@@ -134,7 +136,7 @@ def coverage(vocab: Vocab, rows: Sequence[Sequence[int]]) -> Coverage:
     return Coverage(fallback=fallback / max(total, 1), characters=tuple(c for c, _ in characters.most_common(5)))
 
 
-def warn_if_poorly_covered(vocab: Vocab, splits: Mapping[str, Sequence[Sequence[int]]], *, init_from: str,
+def warn_if_poorly_covered(vocab: Vocab | MarianVocab, splits: Mapping[str, Sequence[Sequence[int]]], *, init_from: str,
                            limit: int = 20000) -> dict[str, Coverage]:
     """data.vocab=keep: measure how the checkpoint's vocabulary covers the new corpus (its first `limit` rows
     per side); warn with the figures when byte fallback exceeds POOR_COVERAGE on a side (a new script, or
