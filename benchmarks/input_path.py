@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _common import load_average, load_remark, machine, write_section  # noqa: E402
+from _common import load_average, machine, write_section  # noqa: E402
 from train_step import step_flops  # noqa: E402
 
 from data.batching import BatchStream, Prefetcher  # noqa: E402
@@ -90,7 +90,9 @@ def measure(data: Path, updates: int) -> str:
     lines = [
         HEADING, "",
         f"Measured {time.strftime('%Y-%m-%d')} on {machine(torch.device('cpu'))}, one thread. "
-        f"Command: `python benchmarks/input_path.py`. {load_remark(before, after)}", "",
+        f"Command: `python benchmarks/input_path.py`. 1-minute load average {before:.1f} before, {after:.1f} after "
+        "(the CPU time of the collating thread is measured, which other jobs inflate only through shared caches).",
+        "",
         "What the host does per update (deal the batches, pad them into tensors: `data.batching.Prefetcher`) "
         "on the real EN-DE sample with the base recipe's 37k vocabulary and 25k-token updates, against what "
         f"one H200 would consume (estimate: the update's matmul FLOPs at {ASSUMED_MFU:.0%} of 989 TFLOP/s bf16; "
