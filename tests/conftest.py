@@ -12,6 +12,19 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
+@pytest.fixture(autouse=True)
+def _restore_root_logger():
+    """The entry points point the root logger at the running test's (captured) stderr: put it back after
+    every test."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Tiny tensors gain nothing from threads, and on a shared machine spinning threads cost seconds."""

@@ -10,7 +10,6 @@ mirror image of a copy model's diagonal.
 from __future__ import annotations
 
 import io
-import logging
 import re
 import sys
 from pathlib import Path
@@ -31,15 +30,6 @@ from transformer.model import Transformer, TransformerConfig  # noqa: E402
 from transformer.scoring import read_lines  # noqa: E402
 
 ALIGNED = re.compile(r"(.*) \|\|\| ((?:\d+-\d+(?: \d+-\d+)*)?)")
-
-
-@pytest.fixture(autouse=True)
-def _restore_root_logger():
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def tiny_model(*, layers: int = 2, seed: int = 0) -> Transformer:

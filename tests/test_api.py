@@ -9,7 +9,6 @@ output, so the API and the interactive mode are shown to decode exactly as the c
 from __future__ import annotations
 
 import io
-import logging
 import os
 import re
 import select
@@ -33,16 +32,6 @@ from transformer.translation import arriving_lines  # noqa: E402
 
 NBEST = re.compile(r"(\d+) \|\|\| (.*) \|\|\| (-?\d+\.\d+)")
 ANSWER_TIMEOUT = 120  # seconds to wait for one interactive answer on a loaded 2-core machine: a hang fails
-
-
-@pytest.fixture(autouse=True)
-def _restore_root_logger():
-    """The entry points point the root logger at this test's (captured) stderr: put it back afterwards."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def sources(tiny_run, count: int) -> list[str]:

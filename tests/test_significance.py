@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import evaluate  # noqa: E402
-from test_translate_evaluate import output_lines, score_of, user_error  # noqa: E402
+from test_translate_evaluate import output_lines, run_evaluate, score_of, user_error  # noqa: E402
 from transformer.significance import paired_significance  # noqa: E402
 
 FAIR = "fairseq_wmt19_en_de.newstest2014.de"  # systems/SOURCES.md: BLEU 34.97, chrF2 63.75
@@ -27,21 +27,6 @@ SAMPLES = 200  # resamples in these tests: the smallest p-value is 1/(SAMPLES + 
 
 # sacreBLEU's LaTeX table cell: "29.0274 (29.0774 ± 0.7352) (p = 0.0050)*"
 CLI_CELL = re.compile(r"(\d+\.\d+) \((\d+\.\d+) ± (\d+\.\d+)\)(?: \(p = (\d+\.\d+)\))?")
-
-
-@pytest.fixture(autouse=True)
-def _restore_root_logger():
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
-def run_evaluate(args: list[str], capsys) -> list[str]:
-    capsys.readouterr()
-    assert evaluate.main(["device=cpu", *args]) == 0
-    return output_lines(capsys.readouterr().out)
 
 
 def table_rows(lines: list[str]) -> list[list[str]]:

@@ -6,7 +6,6 @@ checkpoints at 250, 500, ..., 1500, averaged.pt = the last two), on the first li
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 import sys
 from pathlib import Path
@@ -18,27 +17,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import evaluate  # noqa: E402
-from test_translate_evaluate import output_lines, user_error  # noqa: E402
+from test_translate_evaluate import run_evaluate, user_error  # noqa: E402
 from transformer import checkpoint as ckpt  # noqa: E402
 from transformer.scoring import read_lines  # noqa: E402
 from transformer.translation import Translator  # noqa: E402
 
 LINES = 8  # test lines decoded per model: enough for scores that move between checkpoints, and fast
-
-
-@pytest.fixture(autouse=True)
-def _restore_root_logger():
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
-def run_evaluate(args: list[str], capsys) -> list[str]:
-    capsys.readouterr()
-    assert evaluate.main(["device=cpu", *args]) == 0
-    return output_lines(capsys.readouterr().out)
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import logging
 import math
 import re
 import shutil
@@ -44,17 +43,6 @@ NBEST = re.compile(r"(\d+) \|\|\| (.*) \|\|\| (-?\d+\.\d+)")
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-
-
-@pytest.fixture(autouse=True)
-def _restore_root_logger():
-    """The entry points point the root logger at this test's (captured) stderr: put it back afterwards."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
 
 
 def output_lines(text: str) -> list[str]:
