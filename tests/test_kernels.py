@@ -1,5 +1,7 @@
 """transformer/kernels.py: each faster CPU kernel against torch's own operation, outputs and gradients."""
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,6 +12,12 @@ TOL = 1e-5
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(autouse=True)
+def onednn_float32_path(monkeypatch):
+    """oneDNN's float32 path on whatever CPU runs the tests (on most CPUs `linear` would not take it)."""
+    monkeypatch.setattr(kernels, "ONEDNN_FLOAT32", kernels._ONEDNN_LINEAR is not None)
 
 
 def reference_linear(x, weight, bias):
@@ -136,3 +144,45 @@ def test_keep_freed_memory_applies_its_malloc_settings_on_glibc():
     applied = kernels.keep_freed_memory()
     assert applied == (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
     assert kernels.keep_freed_memory() == applied  # calling it again (a second entry point) is harmless
+
+
+@pytest.mark.parametrize(("vendor", "capability", "override", "expected"), [
+    ("AuthenticAMD", "AVX512", "auto", True),    # MKL would run its AVX2 code: oneDNN, 2.2x faster
+    ("AuthenticAMD", "AVX2", "auto", False),     # an AVX2-only EPYC: level, MKL kept
+    ("GenuineIntel", "AVX512", "auto", False),   # MKL's own AVX-512/AMX code: MKL faster
+    ("GenuineIntel", "AVX2", "auto", False),
+    ("", "DEFAULT", "auto", False),              # unknown CPU (e.g. ARM): plain PyTorch
+    ("GenuineIntel", "AVX512", "onednn", True),  # the override wins either way
+    ("AuthenticAMD", "AVX512", "plain", False),
+])
+def test_float32_kernel_is_chosen_by_vendor_and_isa(vendor, capability, override, expected):
+    assert kernels.choose_float32_kernel(vendor, capability, override) is expected
+
+
+def test_a_wrong_kernel_override_is_one_line_naming_the_choices():
+    from transformer.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"TRANSFORMER_CPU_LINEAR='mkl' .*auto, onednn or plain"):
+        kernels.choose_float32_kernel("GenuineIntel", "AVX512", "mkl")
+
+
+@pytest.mark.parametrize(("cap", "override", "expected"), [
+    ({"ATEN_CPU_CAPABILITY": "avx2"}, "auto", False), ({"ATEN_CPU_CAPABILITY": "avx2"}, "onednn", True),
+    ({}, "plain", False), ({}, "auto", None),
+])
+def test_the_process_reads_its_cpu_and_override_once(cap, override, expected):
+    """A fresh process decides from this CPU (capped to AVX2 or not) and TRANSFORMER_CPU_LINEAR."""
+    import subprocess
+    import sys
+
+    if kernels._ONEDNN_LINEAR is None:
+        pytest.skip("this torch build has no oneDNN linear kernel")
+    code = ("import torch; from transformer import kernels\n"
+            "kernels.linear(torch.ones(2, 3), torch.ones(4, 3))\n"
+            "print(kernels.ONEDNN_FLOAT32, kernels.cpu_vendor(), torch.backends.cpu.get_cpu_capability())")
+    env = {"PATH": "/usr/bin:/bin", "TRANSFORMER_CPU_LINEAR": override, **cap}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         check=True, cwd=Path(__file__).resolve().parent.parent).stdout.split()
+    if expected is None:  # this machine's own rule
+        expected = kernels.choose_float32_kernel(out[1], out[2])
+    assert out[0] == str(expected)

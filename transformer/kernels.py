@@ -1,7 +1,8 @@
 """Faster CPU kernels for the two operations of the model that dominate its time on CPU.
 
-- `linear` / `Linear`: float32 linear maps, y = x W^T + b as `nn.Linear`, computed by oneDNN; without
-  autograd also bf16 ones, and inside `frozen_weights()` (search) from weights packed for oneDNN.
+- `linear` / `Linear`: linear maps, y = x W^T + b as `nn.Linear`; float32 ones computed by oneDNN on AMD
+  CPUs with AVX-512 and by MKL (F.linear) elsewhere (`choose_float32_kernel`: whichever was faster on each
+  kind of CPU); without autograd also bf16 ones, from weights packed for oneDNN inside `frozen_weights()`.
 - `scaled_dot_product_attention`: `F.scaled_dot_product_attention`, computed on CPU as matmul, softmax,
   matmul instead of by torch's CPU flash-attention kernel.
 - `keep_freed_memory`: glibc malloc settings that reuse freed memory instead of returning it to the OS.
@@ -19,6 +20,7 @@ import contextvars
 import ctypes
 import functools
 import logging
+import os
 import platform
 
 import torch
@@ -38,6 +40,54 @@ def _onednn_linear_op():
 
 _ONEDNN_LINEAR = _onednn_linear_op()
 _ONEDNN_PACK = getattr(getattr(torch.ops, "mkldnn", None), "_reorder_linear_weight", None)
+
+
+def choose_float32_kernel(vendor: str, capability: str, override: str = "auto") -> bool:
+    """Whether float32 linear maps go to oneDNN (True) or to F.linear, i.e. MKL's sgemm (False), on a CPU of
+    this vendor (/proc/cpuinfo's vendor_id) and torch CPU capability ("AVX512", "AVX2", ...).
+
+    oneDNN only on AMD CPUs with AVX-512: MKL runs its AVX-512 code on Intel CPUs only, so on an AMD CPU with
+    AVX-512 its sgemm leaves half the vector width unused, and oneDNN was 2.2x faster there (242 against 108
+    GFLOP/s, AMD EPYC, 2026-11-29). On an AVX2-only AMD EPYC the two were level (plain 6 % faster or within
+    noise), and on an Intel Xeon with AVX-512 and AMX MKL was 5-20 % faster at the model's shapes, training
+    and decoding (docs/BENCHMARKS.md, 'Kernel choice'). A rule, not a timing at start, so every rank and
+    every run on a machine computes with the same kernels. `override` (TRANSFORMER_CPU_LINEAR) is
+    auto | onednn | plain.
+    """
+    if override not in ("auto", "onednn", "plain"):
+        from transformer.config import ConfigError  # here: only a wrong override needs it
+
+        raise ConfigError(f"TRANSFORMER_CPU_LINEAR={override!r} is not a kernel choice: "
+                          "set it to auto, onednn or plain, or unset it")
+    if override != "auto":
+        return override == "onednn"
+    return "AMD" in vendor.upper() and capability.startswith("AVX512")
+
+
+@functools.cache
+def cpu_vendor() -> str:
+    """The CPU's vendor string (Linux: /proc/cpuinfo's vendor_id, e.g. AuthenticAMD, GenuineIntel; elsewhere
+    what `platform.processor()` says, which names the vendor on Windows); "" where unknown."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+ONEDNN_FLOAT32: bool | None = None  # decided by `onednn_for_float32` at first use; a test or benchmark may set it
+
+
+def onednn_for_float32() -> bool:
+    """This machine's float32 kernel choice (`choose_float32_kernel`), decided once a process."""
+    global ONEDNN_FLOAT32
+    if ONEDNN_FLOAT32 is None:
+        ONEDNN_FLOAT32 = _ONEDNN_LINEAR is not None and choose_float32_kernel(
+            cpu_vendor(), torch.backends.cpu.get_cpu_capability(), os.environ.get("TRANSFORMER_CPU_LINEAR", "auto"))
+    return ONEDNN_FLOAT32
 
 
 @functools.cache
@@ -155,15 +205,18 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """F.linear(x, weight, bias), with float32 on CPU computed by oneDNN instead of the BLAS behind F.linear.
 
     Why: torch's CPU builds send float32 F.linear to MKL, whose sgemm runs its AVX2 code on AMD CPUs;
-    oneDNN uses AVX-512 there and is faster in all three matmuls of a training step (docs/BENCHMARKS.md,
-    'Where our speed comes from'). Same maths; only the rounding of the sums may differ (~1e-6
-    relative), as between thread counts. Without autograd, float32 and bfloat16 go to oneDNN, with
-    packed weights inside `frozen_weights()`. Everything else (GPU, autocast, fp16, bf16 with autograd,
-    torch.compile, a torch without the kernel, bf16 on a CPU without native bf16) goes to F.linear.
+    on an AMD CPU with AVX-512, oneDNN uses AVX-512 and is faster in all three matmuls of a training step
+    (docs/BENCHMARKS.md, 'Where our speed comes from'); elsewhere it is not, and float32 stays with F.linear
+    (`onednn_for_float32`). Same maths; only the rounding of the sums may differ (~1e-6 relative), as
+    between thread counts. Without autograd, float32 (where oneDNN is the choice) and bfloat16 go to
+    oneDNN, with packed weights inside `frozen_weights()`. Everything else (GPU, autocast, fp16, bf16
+    with autograd, torch.compile, a torch without the kernel, bf16 on a CPU without native bf16) goes to
+    F.linear.
     """
     if (_ONEDNN_LINEAR is None or x.device.type != "cpu" or x.dtype != weight.dtype
             or x.dtype not in (torch.float32, torch.bfloat16) or torch.is_autocast_enabled("cpu")
-            or torch.compiler.is_compiling() or (x.dtype == torch.bfloat16 and not native_bf16())):
+            or torch.compiler.is_compiling() or (x.dtype == torch.bfloat16 and not native_bf16())
+            or (x.dtype == torch.float32 and not onednn_for_float32())):
         return F.linear(x, weight, bias)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad)):
