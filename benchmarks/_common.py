@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from transformer import hf  # noqa: E402
+from transformer import hf, kernels  # noqa: E402
 from transformer.kernels import keep_freed_memory  # noqa: E402
 from transformer.model import Transformer, TransformerConfig  # noqa: E402
 
@@ -46,7 +46,9 @@ def machine(device: torch.device) -> str:
         props = torch.cuda.get_device_properties(device)
         return f"{props.name}, {props.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}"
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (f"{os.cpu_count()}-core CPU ({cpu_name()}), {mem:.0f} GiB RAM, "
+    return (f"{os.cpu_count()}-core CPU ({cpu_name()}; {kernels.cpu_vendor() or 'vendor unknown'}, torch ISA "
+            f"{torch.backends.cpu.get_cpu_capability()}, float32 linear maps on "
+            f"{'oneDNN' if kernels.onednn_for_float32() else 'MKL'}), {mem:.0f} GiB RAM, "
             f"{torch.get_num_threads()} torch thread" + ("s" if torch.get_num_threads() != 1 else ""))
 
 
