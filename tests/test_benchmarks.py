@@ -1,9 +1,11 @@
 """The benchmark scripts run: benchmarks/gpu_check.py --smoke takes every step of the GPU check on the CPU
-with a tiny model, so the script is ready the day a GPU is lent (its figures mean nothing here)."""
+with a tiny model, so the script is ready the day a GPU is lent; benchmarks/decode_real.py --smoke decodes a
+few real lines with the session's tiny trained model in every engine (the figures of both mean nothing here)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -28,3 +30,26 @@ def test_gpu_check_smoke_runs_every_step(tmp_path):
     markdown = (tmp_path / "gpu_check.md").read_text()
     assert markdown.startswith("## GPU check") and "| per GPU at 8 GPUs | on |" in markdown
     assert not (ROOT / "docs" / "BENCHMARKS.md").read_text().count("python benchmarks/gpu_check.py --smoke")
+
+
+@pytest.mark.slow
+def test_decode_real_smoke_reports_every_engine_and_parity(tiny_run, tmp_path):
+    """The tiny model's test lines through ours, generate and CTranslate2: a row per engine, and greedy
+    output that is the same string as ours in generate and CTranslate2 float32 (issue #16's parity)."""
+    source, reference = tiny_run.files("test")
+    markdown = tmp_path / "BENCHMARKS.md"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_real.py"), "--smoke", "--run-dir",
+                             str(tiny_run.run_dir), "--src", str(source), "--ref", str(reference), "--write",
+                             str(markdown)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1",
+                                 "HF_HUB_OFFLINE": "1", "HOME": str(tmp_path)})
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    section = markdown.read_text(encoding="utf-8").split("## Decoding real text\n", 1)[1]
+    assert "**Smoke run** (10 lines" in section
+    engines = ["ours fp32", "Marian generate fp32", "CTranslate2 float32", "CTranslate2 int8"]
+    for engine in engines:
+        assert re.search(rf"^\| 1 \| {engine} \| [\d,.]+ \| [\d,]+ \| [\d.]+ \| [\d.]+ \|", section, re.M), engine
+    parity = {row[0]: row[1:] for row in re.findall(r"^\| ([^|]+?) \| (\d+) / 10 \(.*?\) \| (\d+) / 10 ", section,
+                                                   re.M)}
+    assert list(parity) == engines[1:]  # greedy and beam-4 counts of every peer
+    assert parity["Marian generate fp32"][0] == parity["CTranslate2 float32"][0] == "10"

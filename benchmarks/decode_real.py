@@ -1,0 +1,373 @@
+"""Beam-4 decoding of real text with trained weights: ours against `MarianMTModel.generate` and CTranslate2.
+
+    python benchmarks/decode_real.py --run-dir runs/multi30k-en-de-small --write docs/BENCHMARKS.md
+    python benchmarks/decode_real.py --run-dir RUN --lines 200 --threads 1     # a shorter look
+    python benchmarks/decode_real.py --run-dir RUN --src F.en --ref F.de --smoke   # every step on 10 lines
+
+Where benchmarks/decode.py times a random model that emits exactly 30 tokens per sentence, this script
+translates a real test set (default: Multi30k's test_2016_flickr EN→DE, 1000 sentences, from this
+repository's test data beside the checkout) with a trained model, so the sentences have their natural
+lengths, the batches their natural padding and every hypothesis ends when the model says so.
+
+The model it is meant for, a small Transformer on Multi30k EN→DE (the shape of decode.py's "small":
+d 256, 4 heads, 3+3 layers, d_ff 1024, vocabulary 8000), trained with train.py on a CPU:
+
+    python train.py run_dir=runs/multi30k-en-de-small device=cpu \
+        model.d_model=256 model.heads=4 model.d_ff=1024 model.encoder_layers=3 model.decoder_layers=3 \
+        data.dataset=null data.subset=null data.src_lang=en data.tgt_lang=de data.vocab_size=8000 \
+        data.train_prefix=../shared/data/multi30k/train data.valid_prefix=../shared/data/multi30k/val \
+        train.max_tokens=4096 train.tokens_per_update=4096 train.warmup_steps=1000 train.lr_scale=1.5 \
+        train.max_steps=4000 train.save_every_steps=200 train.save_every_minutes=0 train.keep_last=5 \
+        train.average_last=5 train.valid_every_steps=1000 train.valid_bleu_lines=0 train.best_metric=loss
+
+(the Multi30k schedule of docs/FINETUNING.md, with a longer warm-up for d 256 and 4000 updates of 4096 tokens,
+about 18 epochs; `--run-dir runs/multi30k-en-de-small` then reads its averaged.pt. Not trained by the author of
+this script: its training time and BLEU are to be measured.)
+
+The same weights in four engines, each translating text to text (tokenisation and detokenisation timed):
+- ours fp32: `Translator.load(RUN, "cpu").with_decode(beam=4, lenpen=α, lenpen_style="power").translate(lines)`,
+  the path of translate.py: its own token batching (at most decode.max_tokens = 8000 source tokens a batch,
+  sorted by length, longest first).
+- Marian generate fp32: the model written by `transformer.hf.export_marian`, loaded with
+  `MarianMTModel.from_pretrained` and `MarianTokenizer.from_pretrained` as a Hugging Face user does; the
+  lines sorted by source length (longest first) and cut into batches of 32 sentences; `generate(num_beams=4,
+  do_sample=False, length_penalty=α, early_stopping="never")`, then `batch_decode(skip_special_tokens=True)`.
+- CTranslate2 float32 and int8: the models written by `transformer.hf.export_ctranslate2` (CTranslate2's own
+  spec writer; int8 quantised at conversion, `quantization="int8"`, loaded with `compute_type="int8"`), the
+  lines as SentencePiece pieces of its source.spm; `translate_batch(beam_size=4, length_penalty=α, patience=4,
+  max_batch_size=32, batch_type="examples")`, which sorts by length and batches itself (32 examples: the
+  default of its own `translate_file`).
+
+Searching the same way: beam 4, and the length penalty |Y|^α with α = 1.0 (`--lenpen`) everywhere, |Y| counting
+EOS: HF and CTranslate2 have only this "power" form, not the paper's GNMT ((5+|Y|)/6)^0.6, so ours runs with
+`lenpen_style="power"` here. PAD and BOS are never emitted (ours by rule, HF by the exported generation
+config's `bad_words_ids`, CTranslate2 by `suppress_sequences`); EOS is allowed from the first step (CTranslate2:
+`min_decoding_length=0`). The rules that differ:
+- the length cap. Ours allows |source| + 50 tokens before EOS for each sentence (the paper's max length);
+  generate takes one `max_new_tokens` per batch: the longest source of the batch + 50, then EOS
+  (`forced_eos_token_id`); translate_batch one `max_decoding_length` per call: the longest source of the
+  text + 50. A trained model ends its sentences long before either cap, so they change no output unless a
+  hypothesis runs away.
+- when beam search stops. Ours runs while an open hypothesis could still beat the best finished one within
+  its cap (an exact search), as generate's `early_stopping="never"` does (its default, False, is a
+  heuristic); CTranslate2 has no such rule: it stops once beam × patience hypotheses have ended, and
+  patience=4 (its default is 1) is the setting at which its output agrees with ours (tests/test_hf.py).
+- what a batch does with its finished sentences. Ours and generate keep them in the batch, fed padding,
+  until its last sentence ends; CTranslate2 drops them. One hypothesis that runs to its cap therefore keeps a
+  whole batch of ours stepping (up to 8000 source tokens: about 500 Multi30k sentences), of generate 32
+  sentences, of CTranslate2 itself alone. The BLEU column shows whether the model runs away.
+
+Figures, per engine and thread count (`torch.set_num_threads(n)` for ours and HF, `intra_threads=n,
+inter_threads=1` for CTranslate2): sentences/s, target pieces/s and the wall seconds of translating the whole
+text (warm-up passes, then timed passes with the engines taking turns; medians), the sacreBLEU of the output
+against the reference, and how many output lines equal ours. Target pieces are counted the same way for every
+engine: its output text encoded with the run's SentencePiece model (EOS not counted), so the same string is
+the same count. Parity, as issue #16 asks: on the first 200 lines, greedy (beam 1; ours `beam=1, lenpen=0`)
+and beam 4, how many outputs are the same string as ours (target: every greedy line, ≥ 99 % of beam-4 lines for
+HF and CTranslate2 float32; int8 is shown, not held to it: quantisation changes the function).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from _common import (ROOT, alternate, describe, load_average, load_remark, machine, median, table, versions,
+                     write_section)
+from transformer import checkpoint as ckpt
+from transformer import hf
+from transformer.kernels import keep_freed_memory
+from transformer.scoring import sacrebleu_scores
+from transformer.translation import Translator
+
+HEADING = "## Decoding real text"
+DEFAULT_TEXT = ROOT.parent.resolve() / "shared" / "data" / "multi30k" / "test_2016_flickr"
+OURS, MARIAN, CT2_FLOAT32, CT2_INT8 = "ours fp32", "Marian generate fp32", "CTranslate2 float32", "CTranslate2 int8"
+BEAM = 4
+MAX_LEN_B = 50  # tokens after |source| (the paper's max length: source + 50)
+HF_BATCH = 32  # sentences per generate call
+CT2_BATCH = 32  # translate_batch(max_batch_size=32, batch_type="examples"), as its translate_file
+CT2_PATIENCE = 4
+PARITY_LINES = 200
+SMOKE_LINES = 10
+CPU = torch.device("cpu")
+
+
+# ------------------------------------------------------------------------------------------ the engines
+# Each engine translates a list of lines to a list of strings, in input order, with beam 4 or greedy (beam 1).
+
+
+class Ours:
+    def __init__(self, translator: Translator, lenpen: float):
+        self.translator = translator
+        self.lenpen = lenpen
+
+    def translate(self, lines: list[str], *, beam: int) -> list[str]:
+        search = self.translator.with_decode(beam=beam, lenpen=self.lenpen if beam > 1 else 0.0,
+                                             lenpen_style="power", max_len_a=1, max_len_b=MAX_LEN_B)
+        return search.translate(lines)
+
+
+class MarianGenerate:
+    """`MarianMTModel.generate` on batches of HF_BATCH sentences sorted by source length, longest first."""
+
+    def __init__(self, directory: Path, lenpen: float):
+        from transformers import MarianMTModel, MarianTokenizer
+
+        self.model = MarianMTModel.from_pretrained(str(directory)).eval()
+        self.tokenizer = MarianTokenizer.from_pretrained(str(directory))
+        self.lenpen = lenpen
+
+    def translate(self, lines: list[str], *, beam: int) -> list[str]:
+        ids = self.tokenizer(lines).input_ids  # pieces + EOS
+        order = sorted(range(len(lines)), key=lambda i: -len(ids[i]))
+        out: list[str] = [""] * len(lines)
+        search = {"length_penalty": self.lenpen, "early_stopping": "never"} if beam > 1 else {}
+        for start in range(0, len(order), HF_BATCH):
+            batch = order[start:start + HF_BATCH]
+            inputs = self.tokenizer.pad({"input_ids": [ids[i] for i in batch]}, return_tensors="pt")
+            longest = max(len(ids[i]) for i in batch) - 1
+            with torch.inference_mode():
+                generated = self.model.generate(**inputs, num_beams=beam, do_sample=False,
+                                                max_new_tokens=longest + MAX_LEN_B + 1,
+                                                forced_eos_token_id=self.model.config.eos_token_id, **search)
+            for i, text in zip(batch, self.tokenizer.batch_decode(generated, skip_special_tokens=True)):
+                out[i] = text
+        return out
+
+
+class CTranslate2:
+    """`translate_batch` on the whole text, which sorts and batches it itself."""
+
+    def __init__(self, directory: Path, *, compute_type: str, threads: int, lenpen: float, suppress: list[str]):
+        import ctranslate2
+        import sentencepiece
+
+        self.translator = ctranslate2.Translator(str(directory), device="cpu", compute_type=compute_type,
+                                                 inter_threads=1, intra_threads=threads)
+        self.source = sentencepiece.SentencePieceProcessor(model_file=str(directory / "source.spm"))
+        self.target = sentencepiece.SentencePieceProcessor(model_file=str(directory / "target.spm"))
+        self.lenpen = lenpen
+        self.suppress = [[piece] for piece in suppress]
+
+    def translate(self, lines: list[str], *, beam: int) -> list[str]:
+        pieces = self.source.encode(lines, out_type=str)
+        results = self.translator.translate_batch(
+            pieces, max_batch_size=CT2_BATCH, batch_type="examples", beam_size=beam, patience=CT2_PATIENCE,
+            length_penalty=self.lenpen, min_decoding_length=0,
+            max_decoding_length=max(len(p) for p in pieces) + MAX_LEN_B, suppress_sequences=self.suppress)
+        return self.target.decode([result.hypotheses[0] for result in results])
+
+
+def build_engines(translator: Translator, workdir: Path, lenpen: float) -> tuple[Ours, MarianGenerate, dict]:
+    """Ours, the HF model and the CTranslate2 directories (their translators depend on the thread count)."""
+    model, vocab = translator.model, translator.vocab
+    marian = MarianGenerate(hf.export_marian(model, vocab, workdir / "hf", src_lang=translator.src_lang,
+                                             tgt_lang=translator.tgt_lang), lenpen)
+    # A copy for int8: the spec's arrays share memory with the model's tensors, and quantising them rewrites
+    # those tensors in place (transformer/hf.py as of 2026-12-03), which would leave ours decoding int8 weights.
+    ct2_dirs = {CT2_FLOAT32: (hf.export_ctranslate2(model, vocab, workdir / "ct2-float32"), "float32"),
+                CT2_INT8: (hf.export_ctranslate2(copy.deepcopy(model), vocab, workdir / "ct2-int8",
+                                                 quantization="int8"), "int8")}
+    return Ours(translator, lenpen), marian, ct2_dirs
+
+
+def never_emitted(translator: Translator) -> list[str]:
+    """The target pieces of PAD and BOS, which no engine may emit (ours: search.py's rule)."""
+    config = translator.model.config
+    target = hf.vocabulary_tokens(translator.vocab)[1]
+    return sorted({target[config.pad_id], target[config.bos_id]})
+
+
+# ------------------------------------------------------------------------------------------ measuring
+
+
+def read_lines(path: Path, count: int | None) -> list[str]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return lines[:count] if count else lines
+
+
+def same(outputs: list[str], ours: list[str]) -> int:
+    return sum(a == b for a, b in zip(outputs, ours, strict=True))
+
+
+def same_as_ours(engines: dict, lines: list[str]) -> dict[str, dict[int, int]]:
+    """{engine: {beam: lines whose output equals ours}} for greedy and beam 4."""
+    counts: dict[str, dict[int, int]] = {name: {} for name in engines if name != OURS}
+    for beam in (1, BEAM):
+        ours = engines[OURS].translate(lines, beam=beam)
+        for name in counts:
+            counts[name][beam] = same(engines[name].translate(lines, beam=beam), ours)
+    return counts
+
+
+def timed_passes(engines: dict, lines: list[str], *, warmup: int, repeats: int) -> tuple[dict, dict]:
+    """Seconds per pass over `lines` of each engine (beam 4, the engines in turns) and each one's output."""
+    outputs: dict[str, list[str]] = {}
+
+    def keeping_output(name: str):
+        def translate() -> None:
+            outputs[name] = engines[name].translate(lines, beam=BEAM)
+        return translate
+
+    times = alternate({name: keeping_output(name) for name in engines}, device=CPU, warmup=warmup,
+                      repeats=repeats)
+    return times, outputs
+
+
+def percent(count: int, total: int) -> str:
+    return f"{count} / {total} ({100 * count / total:.1f} %)"
+
+
+def parity_rows(counts: dict[str, dict[int, int]], total: int) -> list[list[str]]:
+    """Rows of the parity table; the float32 peers are held to issue #16's targets, int8 is not."""
+    rows = []
+    for name, by_beam in counts.items():
+        held = name != CT2_INT8
+        met = by_beam[1] == total and by_beam[BEAM] >= 0.99 * total
+        rows.append([name, percent(by_beam[1], total), percent(by_beam[BEAM], total),
+                     "all / ≥ 99 %" if held else "", ("met" if met else "missed") if held else ""])
+    return rows
+
+
+def speed_row(name: str, threads: int, seconds: list[float], outputs: dict[str, list[str]], refs: list[str], *,
+              vocab, lang: str) -> tuple[list, str]:
+    """A row of the speed table and the sacreBLEU signature."""
+    wall = median(seconds)
+    sentences, pieces = len(refs), sum(len(row) for row in vocab.encode_target(outputs[name]))
+    bleu = sacrebleu_scores(outputs[name], refs, lang=lang)[0]
+    equal = "—" if name == OURS else percent(same(outputs[name], outputs[OURS]), sentences)
+    print(f"{threads} thread(s) {name}: {sentences / wall:,.1f} sentences/s, {pieces / wall:,.0f} pieces/s, "
+          f"{wall:.2f} s, BLEU {bleu.score:.2f}  (load {load_average():.1f})", flush=True)
+    return [threads, name, f"{sentences / wall:,.1f}", f"{pieces / wall:,.0f}", f"{wall:.2f}", f"{bleu.score:.2f}",
+            equal], bleu.signature
+
+
+# ------------------------------------------------------------------------------------------ the run
+
+
+def run(args) -> str:
+    keep_freed_memory()  # as our entry points do; process-wide, so the peers get it too
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.set_verbosity_error()
+    transformers_logging.disable_progress_bar()
+    lines, refs = read_lines(args.src, args.lines), read_lines(args.ref, args.lines)
+    if not lines or len(lines) != len(refs):
+        sys.exit(f"error: {args.src} has {len(lines)} lines and {args.ref} {len(refs)}: give a non-empty parallel "
+                 "pair")
+    checkpoint = ckpt.resolve(str(args.run_dir))
+    translator = Translator.load(args.run_dir, CPU)
+    vocab, lang = translator.vocab, translator.tgt_lang or "de"
+    load_before = load_average()
+    rows, parity = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        ours, marian, ct2_dirs = build_engines(translator, Path(tmp), args.lenpen)
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            engines = {OURS: ours, MARIAN: marian}
+            for name, (directory, compute_type) in ct2_dirs.items():
+                engines[name] = CTranslate2(directory, compute_type=compute_type, threads=threads,
+                                            lenpen=args.lenpen, suppress=never_emitted(translator))
+            if not parity:  # at the first thread count
+                parity = parity_rows(same_as_ours(engines, lines[:PARITY_LINES]), len(lines[:PARITY_LINES]))
+            times, outputs = timed_passes(engines, lines, warmup=args.warmup, repeats=args.repeats)
+            for name, seconds in times.items():
+                row, bleu_signature = speed_row(name, threads, seconds, outputs, refs, vocab=vocab, lang=lang)
+                rows.append(row)
+    load_after = load_average()
+    torch.set_num_threads(max(args.threads))  # what `machine` names
+    facts = {"sentences": len(lines), "source pieces": sum(len(row) for row in vocab.encode(lines)),
+             "checkpoint": checkpoint, "bleu signature": bleu_signature,
+             "where": f"{machine(CPU)}; {load_remark(load_before, load_after)}"}
+    return section(args, translator, facts, rows=rows, parity=parity)
+
+
+def section(args, translator: Translator, facts: dict, *, rows: list[list], parity: list[list]) -> str:
+    lines, source_pieces = facts["sentences"], facts["source pieces"]
+    smoke = (f"**Smoke run** ({lines} lines, {args.repeats} timed pass): the figures only show that every step "
+             "runs. ") if args.smoke else ""
+    text = (f"Multi30k test_2016_flickr EN→DE ({lines} sentences, {source_pieces:,} source pieces)"
+            if is_default_text(args) else
+            f"{args.src.name} / {args.ref.name} ({lines} sentences, {source_pieces:,} source pieces)")
+    parity_threads = f"{args.threads[0]} thread" + ("s" if args.threads[0] != 1 else "")
+    return "\n".join([
+        HEADING, "",
+        f"{smoke}Measured {time.strftime('%Y-%m-%d %H:%M')} on {facts['where']}. "
+        f"{versions('transformers', 'ctranslate2', 'sentencepiece', 'sacrebleu')}. Command: "
+        f"`{command(args)}` ({args.warmup} warm-up + {args.repeats} timed passes over the whole text per engine, "
+        f"the engines in turns, medians; threads per row: torch threads for ours and HF, intra_threads for "
+        f"CTranslate2).", "",
+        f"Text: {text}. Model: {facts['checkpoint'].name} of `{args.run_dir}` (update "
+        f"{translator.checkpoints[0].get('step')}), {describe(translator.model.config)}, the same weights in every "
+        f"engine (transformer/hf.py). Search: beam {BEAM}, length penalty |Y|^{args.lenpen:g} in every engine (ours "
+        f"`lenpen_style=power`), at most |source| + {MAX_LEN_B} tokens (HF and CTranslate2: the longest source of "
+        f"the batch or text + {MAX_LEN_B}), generate with `early_stopping=\"never\"`, CTranslate2 with patience "
+        f"{CT2_PATIENCE}. Batches: ours its own token batching ({translator.decode.max_tokens} source tokens, "
+        f"sorted by length); HF {HF_BATCH} sentences sorted by length; CTranslate2 `max_batch_size={CT2_BATCH}, "
+        f"batch_type=\"examples\"` (it sorts by length). Target pieces: each engine's output text in the run's "
+        f"SentencePiece pieces. How the engines' searches differ: the docstring of benchmarks/decode_real.py.", "",
+        table(["threads", "engine", "sentences/s", "target pieces/s", "seconds a pass", "sacreBLEU",
+               "same output as ours"], rows), "",
+        f"Output parity on the first {min(lines, PARITY_LINES)} lines ({parity_threads}): lines whose output is "
+        "the same string as ours.", "",
+        table(["engine", "greedy", f"beam {BEAM}", "target (greedy / beam)", ""], parity), "",
+        f"sacreBLEU signature: `{facts['bleu signature']}`.",
+    ]) + "\n"
+
+
+def is_default_text(args) -> bool:
+    default = (DEFAULT_TEXT.with_suffix(".en"), DEFAULT_TEXT.with_suffix(".de"))
+    return (args.src.resolve(), args.ref.resolve()) == default
+
+
+def command(args) -> str:
+    """The command line that reproduces this run, paths as given."""
+    parts = ["python", "benchmarks/decode_real.py", "--run-dir", str(args.run_dir)]
+    if not is_default_text(args):
+        parts += ["--src", str(args.src), "--ref", str(args.ref)]
+    if args.smoke:
+        parts.append("--smoke")
+    else:
+        parts += ["--threads", *map(str, args.threads)]
+        if args.lines:
+            parts += ["--lines", str(args.lines)]
+    if args.lenpen != 1.0:
+        parts += ["--lenpen", f"{args.lenpen:g}"]
+    if args.write:
+        parts += ["--write", str(args.write)]
+    return shlex.join(parts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-dir", type=Path, required=True, help="a run directory of train.py (or a .pt file)")
+    parser.add_argument("--src", type=Path, default=DEFAULT_TEXT.with_suffix(".en"), help="source text, a line each")
+    parser.add_argument("--ref", type=Path, default=DEFAULT_TEXT.with_suffix(".de"), help="its reference translation")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts to measure (default 1 2)")
+    parser.add_argument("--lines", type=int, default=None, help="only the first N lines")
+    parser.add_argument("--lenpen", type=float, default=1.0, help="α of the length penalty |Y|^α (default 1.0)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed passes per engine (default 1)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes per engine (default 3)")
+    parser.add_argument("--write", type=Path, help="Markdown file whose section to replace")
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"every step on the first {SMOKE_LINES} lines, 1 thread, 1 timed pass (for tests)")
+    args = parser.parse_args()
+    if args.smoke:
+        args.lines = min(args.lines or SMOKE_LINES, SMOKE_LINES)
+        args.threads, args.repeats = [1], 1
+    text = run(args)
+    print(text)
+    if args.write:
+        write_section(args.write, HEADING, text)
+
+
+if __name__ == "__main__":
+    main()
