@@ -70,7 +70,6 @@ HF and CTranslate2 float32; int8 is shown, not held to it: quantisation changes 
 from __future__ import annotations
 
 import argparse
-import copy
 import shlex
 import sys
 import tempfile
@@ -171,11 +170,8 @@ def build_engines(translator: Translator, workdir: Path, lenpen: float) -> tuple
     model, vocab = translator.model, translator.vocab
     marian = MarianGenerate(hf.export_marian(model, vocab, workdir / "hf", src_lang=translator.src_lang,
                                              tgt_lang=translator.tgt_lang), lenpen)
-    # A copy for int8: the spec's arrays share memory with the model's tensors, and quantising them rewrites
-    # those tensors in place (transformer/hf.py as of 2026-12-03), which would leave ours decoding int8 weights.
     ct2_dirs = {CT2_FLOAT32: (hf.export_ctranslate2(model, vocab, workdir / "ct2-float32"), "float32"),
-                CT2_INT8: (hf.export_ctranslate2(copy.deepcopy(model), vocab, workdir / "ct2-int8",
-                                                 quantization="int8"), "int8")}
+                CT2_INT8: (hf.export_ctranslate2(model, vocab, workdir / "ct2-int8", quantization="int8"), "int8")}
     return Ours(translator, lenpen), marian, ct2_dirs
 
 

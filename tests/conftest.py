@@ -1,4 +1,5 @@
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,11 +89,11 @@ def write_reversal_corpus(directory: Path, seed: int = 0) -> dict[str, Path]:
 @dataclass(frozen=True)
 class TinyRun:
     """A finished training run on the reversal task: `run_dir` (checkpoints/step-*.pt, last.pt,
-    averaged.pt) and the corpus prefixes (`prefixes["test"]` + ".en" / ".de")."""
+    averaged.pt) and the corpus prefixes (`prefixes["test"]` + ".en" / ".de"). Tests that write into a run
+    directory copy it first: under pytest-xdist every worker reads this one."""
 
     run_dir: Path
     prefixes: dict[str, Path]
-    train_seconds: float
 
     def files(self, split: str) -> tuple[Path, Path]:
         """(source, reference) files of a split."""
@@ -103,23 +104,42 @@ class TinyRun:
         return self.run_dir / "checkpoints" / f"step-{step:08d}.pt"
 
 
+def session_directory(tmp_path_factory, name: str) -> Path:
+    """A directory for what a whole test session builds once: the test run's own under plain pytest; under
+    pytest-xdist the same one for every worker of the run (their base temp's parent), so that one worker
+    builds it (under the lock `session_lock` gives) and the others read it."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return tmp_path_factory.mktemp(name, numbered=False)
+    return tmp_path_factory.getbasetemp().parent / name
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> TinyRun:
-    """Train the tiny reversal model once per session, in this process, on two threads: nothing compares its
-    weights with another run's (on a 2-core AVX2-only AMD EPYC, 2026-12-02: 166 s, against 215 s on one
-    thread). `helpers.train_main` puts back what train.py sets for the whole process.
+    """Train the tiny reversal model once per test run, on two threads: nothing compares its weights with
+    another run's (on a 2-core AVX2-only AMD EPYC, 2026-12-02: 166 s, against 215 s on one thread). Under
+    pytest-xdist the first worker to need it trains it while the others wait on a file lock.
+    `helpers.train_main` puts back what train.py sets for the whole process.
     """
-    import time
+    from filelock import FileLock
 
+    directory = session_directory(tmp_path_factory, "tiny_run")
+    directory.mkdir(parents=True, exist_ok=True)
+    run_dir, done = directory / "run", directory / "trained"
+    with FileLock(directory / "lock"):
+        if not done.exists():  # a worker whose training failed leaves no mark: the next one starts afresh
+            shutil.rmtree(run_dir, ignore_errors=True)
+            train_tiny_run(run_dir, write_reversal_corpus(directory / "corpus"))
+            done.touch()
+    return TinyRun(run_dir=run_dir, prefixes={split: directory / "corpus" / split for split in TINY_LINES})
+
+
+def train_tiny_run(run_dir: Path, prefixes: dict[str, Path]) -> None:
     import torch
 
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from helpers import train_main
 
-    directory = tmp_path_factory.mktemp("tiny_run")
-    prefixes = write_reversal_corpus(directory / "corpus")
-    run_dir = directory / "run"
     overrides = [
         f"run_dir={run_dir}", "device=cpu", "seed=1",
         "data.dataset=null", f"data.train_prefix={prefixes['train']}", f"data.valid_prefix={prefixes['valid']}",
@@ -133,10 +153,8 @@ def tiny_run(tmp_path_factory) -> TinyRun:
         f"train.valid_every_steps={TINY_STEPS}", "train.valid_bleu_lines=0", "train.best_metric=loss", "train.average_last=2",
         "train.log_every_steps=250", "train.save_every_minutes=0",
     ]
-    start = time.monotonic()
     assert train_main(overrides, threads=min(2, os.cpu_count() or 1)) == 0
     # A stop signal (e.g. SIGTERM from a `timeout` around pytest) ends training early with exit 0; every test
     # of the tiny model would then fail on its quality: say so here instead.
     trained = torch.load(run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)["step"]
     assert trained == TINY_STEPS, f"the tiny model stopped at update {trained} of {TINY_STEPS} (a stop signal?)"
-    return TinyRun(run_dir=run_dir, prefixes=prefixes, train_seconds=time.monotonic() - start)

@@ -230,6 +230,15 @@ def test_round_trip_import_export_import_reproduces_the_weights(imported, tmp_pa
     assert all(torch.equal(mine[name], theirs[name]) for name in mine)
 
 
+def test_ctranslate2_int8_export_leaves_the_models_weights_as_they_were(imported, tmp_path):
+    """CTranslate2 quantises its spec's arrays in place: they must not be views of the model's tensors."""
+    _, _, _, _, model, vocab, _ = imported
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    hf.export_ctranslate2(model, vocab, tmp_path / "ct2-int8", quantization="int8")
+    after = model.state_dict()
+    assert [name for name in before if not torch.equal(before[name], after[name])] == []
+
+
 # ---------------------------------------------------------------------------------------------- export
 
 

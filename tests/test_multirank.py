@@ -315,13 +315,13 @@ def test_patience_on_bleu_stops_every_rank_at_the_same_update(corpus, tmp_path):
 def test_max_time_stops_every_rank_at_the_same_update(corpus, tmp_path):
     """The other ranks' clocks run on while rank 0 alone computes BLEU: rank 0's clock decides for all."""
     status, output = torchrun(tmp_path, corpus.overrides(tmp_path / "run", {
-        "train.max_steps": 100000, "train.max_time": 3, "train.valid_every_steps": 1,
-        "train.best_metric": "bleu", "train.valid_bleu_lines": 16}))
+        "train.max_steps": 100000, "train.max_time": 0.5, "train.valid_every_steps": 1,
+        "train.best_metric": "bleu", "train.valid_bleu_lines": 8, "decode.max_len_b": 10}))
 
     assert status == 0, output[-4000:]
     ends = final_updates(output)
     assert len(ends) == 2 and len(set(ends.values())) == 1, output[-4000:]
-    assert "max_time=3" in output
+    assert "max_time=0.5s" in output
 
 
 @pytest.mark.slow

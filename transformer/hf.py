@@ -468,8 +468,8 @@ def ctranslate2_spec(model: Transformer, source: list[str], target: list[str], *
     decoder = transformer_spec.TransformerDecoderSpec(config.decoder_layers, config.heads, pre_norm=False,
                                                       activation=activation)
 
-    def array(tensor: torch.Tensor):
-        return tensor.detach().float().cpu().contiguous().numpy()
+    def array(tensor: torch.Tensor):  # a copy: CTranslate2 quantises the spec's arrays in place
+        return tensor.detach().to("cpu", torch.float32, memory_format=torch.contiguous_format, copy=True).numpy()
 
     def linear(spec, layer) -> None:
         spec.weight = array(layer.weight)
