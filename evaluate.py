@@ -34,7 +34,8 @@ from transformer.config import EvaluateJob, to_job
 from transformer.kernels import keep_freed_memory
 from transformer.report import Evaluation, write_report
 from transformer.search import Ensemble
-from transformer.scoring import append_table_row, load_testset, read_lines, sacrebleu_scores, training_flops
+from transformer.scoring import (append_table_row, load_testset, read_lines, sacrebleu_scores, testset_langpairs,
+                                 training_flops)
 from transformer.significance import paired_significance
 from transformer.sweep import sweep_checkpoints, sweep_run_dir
 from transformer.translation import Translator, corpus_nll, write_results
@@ -44,8 +45,6 @@ log = logging.getLogger("evaluate")
 
 def references_and_sources(job: EvaluateJob, translator) -> tuple[list[str] | None, list[str], str]:
     """(sources or None, references, a name for the test set)."""
-    if job.testset and (job.src or job.ref):
-        raise ConfigError("give either testset=<sacreBLEU name> or src=/ref= files, not both")
     if job.testset:
         langpair = job.langpair
         if langpair is None:
@@ -65,6 +64,15 @@ def references_and_sources(job: EvaluateJob, translator) -> tuple[list[str] | No
         raise ConfigError(f"src={job.src} has {len(sources)} lines but ref={job.ref} has {len(references)}: "
                           "give a source and reference of the same test set")
     return sources, references, Path(job.ref).stem
+
+
+def check_testset_name(job: EvaluateJob) -> None:
+    if job.src or job.ref:
+        raise ConfigError("give either testset=<sacreBLEU name> or src=/ref= files, not both")
+    try:
+        testset_langpairs(job.testset)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def read_file(path: str, key: str) -> list[str]:
@@ -107,8 +115,15 @@ def run(cfg: DictConfig) -> int:
         if job.hyp is not None:
             raise ConfigError("checkpoints=all decodes with every checkpoint of a run: drop hyp=")
         sweep_run_dir(job.checkpoint)  # a .pt file is a one-line error before any model is loaded
+    # What to score against is checked before any model is loaded (a test set's language pair may come from
+    # the checkpoint, so its name alone is checked first).
+    if job.testset:
+        check_testset_name(job)
+    else:
+        sources, references, set_name = references_and_sources(job, None)
     translator = Translator.load(job.checkpoint, device, decode=job.decode) if job.checkpoint is not None else None
-    sources, references, set_name = references_and_sources(job, translator)
+    if job.testset:
+        sources, references, set_name = references_and_sources(job, translator)
     if job.checkpoints == "all":
         if sources is None:
             raise ConfigError("checkpoints=all decodes, so it needs the source: give src=<file> with ref=<file>, "
@@ -196,6 +211,8 @@ def compare_systems(job: EvaluateJob, files: list[str]) -> int:
     if job.checkpoint is not None:
         raise ConfigError("hyp=[...] compares translations already made: drop checkpoint= (or decode each "
                           "system first with translate.py)")
+    if job.testset:
+        check_testset_name(job)
     _, references, set_name = references_and_sources(job, None)
     systems = []
     for file in files:

@@ -602,6 +602,17 @@ def test_command_line_mismatched_reference_is_one_line_and_exit_2(workspace):
 
 
 @pytest.mark.slow
+def test_evaluate_checks_what_it_scores_against_before_it_loads_the_model(workspace):
+    """A wrong source/reference pair or test-set name is the only line on stderr: found before the checkpoint
+    is loaded (and logged), not after."""
+    src = workspace.text_file("two-lines.en", b"a\nb\n")
+    for args in ([f"src={src}", f"ref={workspace.corpus.prefixes['valid']}.de"], ["testset=wmt99"]):
+        result = command(workspace, "evaluate.py", [f"checkpoint={workspace.run}", "device=cpu", *args])
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-2000:]
+
+
+@pytest.mark.slow
 def test_file_size_limit_during_a_checkpoint_write_keeps_earlier_ones_and_exits_2(workspace):
     """A real limit (RLIMIT_FSIZE, as `ulimit -f` sets): the resumed run's first checkpoint cannot be written."""
     run_dir = workspace.fresh() / "run"

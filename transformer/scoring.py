@@ -219,6 +219,14 @@ def _dataset(name: str):
     return dataset
 
 
+def testset_langpairs(name: str) -> list[str]:
+    """The language pairs of a sacreBLEU test set; ValueError naming the fix for an unknown or refused name."""
+    if name == "wmt14":
+        raise ValueError("sacreBLEU's 'wmt14' is the filtered newstest2014 (2737 lines for en-de); "
+                         "newstest2014 means the full 3003-line set: use testset=wmt14/full")
+    return sorted(_dataset(name).langpairs)
+
+
 def load_testset(name: str, langpair: str) -> tuple[list[str], list[str]]:
     """(source lines, reference lines) of a sacreBLEU test set, e.g. ("wmt14/full", "en-de").
 
@@ -226,13 +234,9 @@ def load_testset(name: str, langpair: str) -> tuple[list[str], list[str]]:
     SACREBLEU=../shared/data/sacrebleu), downloading only what it lacks. The filtered `wmt14` is refused:
     newstest2014 means the full 3003-line set. A set with several references gives its first.
     """
-    if name == "wmt14":
-        raise ValueError("sacreBLEU's 'wmt14' is the filtered newstest2014 (2737 lines for en-de); "
-                         "newstest2014 means the full 3003-line set: use testset=wmt14/full")
+    if langpair not in (langpairs := testset_langpairs(name)):
+        raise ValueError(f"sacreBLEU test set {name!r} has no language pair {langpair!r} (it has {', '.join(langpairs)})")
     dataset = _dataset(name)
-    if langpair not in dataset.langpairs:
-        raise ValueError(f"sacreBLEU test set {name!r} has no language pair {langpair!r} "
-                         f"(it has {', '.join(sorted(dataset.langpairs))})")
     try:
         source = dataset.get_source_file(langpair)
         references = dataset.get_reference_files(langpair)
