@@ -67,6 +67,7 @@ def references_and_sources(job: EvaluateJob, translator) -> tuple[list[str] | No
 
 
 def check_testset_name(job: EvaluateJob) -> None:
+    """testset= alone (no src=/ref=) and a name sacreBLEU knows: checked before any model or file is read."""
     if job.src or job.ref:
         raise ConfigError("give either testset=<sacreBLEU name> or src=/ref= files, not both")
     try:

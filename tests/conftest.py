@@ -107,7 +107,7 @@ class TinyRun:
 def session_directory(tmp_path_factory, name: str) -> Path:
     """A directory for what a whole test session builds once: the test run's own under plain pytest; under
     pytest-xdist the same one for every worker of the run (their base temp's parent), so that one worker
-    builds it (under the lock `session_lock` gives) and the others read it."""
+    builds it, under a file lock in it, and the others read it."""
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
         return tmp_path_factory.mktemp(name, numbered=False)
     return tmp_path_factory.getbasetemp().parent / name
