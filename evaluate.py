@@ -44,7 +44,8 @@ log = logging.getLogger("evaluate")
 
 
 def references_and_sources(job: EvaluateJob, translator) -> tuple[list[str] | None, list[str], str]:
-    """(sources or None, references, a name for the test set)."""
+    """(sources or None, references, a name for the test set); a test set's name checked first
+    (`check_testset_name`)."""
     if job.testset:
         langpair = job.langpair
         if langpair is None:
@@ -116,8 +117,8 @@ def run(cfg: DictConfig) -> int:
         if job.hyp is not None:
             raise ConfigError("checkpoints=all decodes with every checkpoint of a run: drop hyp=")
         sweep_run_dir(job.checkpoint)  # a .pt file is a one-line error before any model is loaded
-    # What to score against is checked before any model is loaded (a test set's language pair may come from
-    # the checkpoint, so its name alone is checked first).
+    # What to score against is read before any model is loaded; a test set's language pair may come from the
+    # checkpoint, so only its name is checked before.
     if job.testset:
         check_testset_name(job)
     else:

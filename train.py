@@ -35,12 +35,12 @@ from transformer.config import TrainJob, to_job
 from transformer.kernels import keep_freed_memory
 from transformer.loss import label_smoothed_nll
 from transformer.model import Transformer, TransformerConfig
-from transformer.report import first_short_pairs, pair_attention_figure
+from transformer.report import validation_attention_figure
 from transformer.schedule import make_optimizer, make_scheduler
-from transformer.training import (Run, Start, StopRequest, Window, agree, dropout_seed, keep_best, log_window,
-                                  mixed_precision, plan_update, print_summary, resolve_precision, resolve_run_dir,
-                                  resume_or_initialise, settle, start_fingerprint, step_if_finite, user_error,
-                                  write_run_record)
+from transformer.training import (Run, Start, StopRequest, Window, agree, compile_for_batches, dropout_seed,
+                                  keep_best, log_window, mixed_precision, plan_update, print_summary,
+                                  resolve_precision, resolve_run_dir, resume_or_initialise, settle, start_fingerprint,
+                                  step_if_finite, user_error, write_run_record)
 from transformer.translation import corpus_nll, split_bleu, write_results
 
 log = logging.getLogger("train")
@@ -94,19 +94,6 @@ def build(job: TrainJob, *, dist: distributed.DistInfo, device: torch.device, ru
                                   bos_id=model.config.bos_id, eos_id=model.config.eos_id), model=model,
                train_model=train_model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, autocast=autocast,
                state=state, writer=SummaryWriter(str(run_dir / "tensorboard")) if dist.is_main else None)
-
-
-def compile_for_batches(module: torch.nn.Module, *, backend: str = "inductor") -> torch.nn.Module:
-    """torch.compile for batches whose (B, S, T) change every pass: one graph for them all, one more for B = 1.
-
-    Why dynamic=True: by default dynamo compiles the first batch's sizes as constants and makes them symbolic
-    only when the next shape arrives, a whole inductor compile (forward and backward) spent on one shape; with
-    constant sizes (dynamic=False) it compiles per shape until torch._dynamo.config.recompile_limit (8), then
-    runs eagerly. Dynamo still specialises sizes of 1: a one-sentence batch gets its own graph, and so would
-    a batch of empty sentences (S or T = 1). Padding lengths to multiples of 8 in `collate` instead would
-    change the eager batches and train.max_tokens' count. tests/test_compile.py counts the graphs.
-    """
-    return torch.compile(module, dynamic=True, backend=backend)
 
 
 # ------------------------------------------------------------------------------------------------ an update
@@ -200,24 +187,14 @@ def validate(run: Run) -> dict[str, float]:
     log.info("validation at update %d | %s", state.step, " | ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
     for key, value in metrics.items() if run.writer else ():
         run.writer.add_scalar(f"valid/{key}", value, state.step)
-    if run.writer is not None:
-        log_attention(run)
+    if run.writer is not None:  # one forward pass of one sentence, rank 0
+        head = run.data.valid.dataset.select(range(min(100, len(run.data.valid.dataset))))
+        figure = validation_attention_figure(run.model, run.data.vocab, head["src_ids"], head["tgt_ids"],
+                                             step=state.step)
+        if figure is not None:
+            run.writer.add_figure("valid/attention", figure, state.step, close=False)
     keep_best(run, metrics)
     return metrics
-
-
-def log_attention(run: Run) -> None:
-    """TensorBoard image valid/attention: the cross-attention of one fixed validation pair (the first short
-    one, its reference teacher-forced), per layer: one forward pass of one sentence, on rank 0."""
-    valid = run.data.valid.dataset
-    head = valid.select(range(min(100, len(valid))))
-    chosen = first_short_pairs(head["src_ids"], head["tgt_ids"], 1)
-    if chosen:
-        row = head[chosen[0]]
-        figure = pair_attention_figure(run.model, run.data.vocab, row["src_ids"], row["tgt_ids"],
-                                       title=f"Cross-attention, validation sentence {chosen[0] + 1}, "
-                                             f"update {run.state.step}")
-        run.writer.add_figure("valid/attention", figure, run.state.step, close=False)
 
 
 def stop_reason(run: Run) -> str | None:

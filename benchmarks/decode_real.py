@@ -92,7 +92,7 @@ from _common import (ROOT, alternate, describe, load_average, load_remark, machi
 from transformer import checkpoint as ckpt
 from transformer import hf
 from transformer.kernels import keep_freed_memory
-from transformer.scoring import sacrebleu_scores
+from transformer.scoring import read_lines, sacrebleu_scores
 from transformer.translation import Translator
 
 HEADING = "## Decoding real text"
@@ -196,11 +196,6 @@ def never_emitted(translator: Translator) -> list[str]:
 # ------------------------------------------------------------------------------------------ measuring
 
 
-def read_lines(path: Path, count: int | None) -> list[str]:
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return lines[:count] if count else lines
-
-
 def same(outputs: list[str], ours: list[str]) -> int:
     return sum(a == b for a, b in zip(outputs, ours, strict=True))
 
@@ -269,7 +264,7 @@ def run(args) -> str:
 
     transformers_logging.set_verbosity_error()
     transformers_logging.disable_progress_bar()
-    lines, refs = read_lines(args.src, args.lines), read_lines(args.ref, args.lines)
+    lines, refs = read_lines(args.src)[:args.lines], read_lines(args.ref)[:args.lines]
     if not lines or len(lines) != len(refs):
         sys.exit(f"error: {args.src} has {len(lines)} lines and {args.ref} {len(refs)}: give a non-empty parallel "
                  "pair")
@@ -353,6 +348,7 @@ def command(args) -> str:
         parts += ["--threads", *map(str, args.threads)]
         if args.lines:
             parts += ["--lines", str(args.lines)]
+        parts += ["--warmup", str(args.warmup), "--repeats", str(args.repeats)]
     if args.lenpen != 1.0:
         parts += ["--lenpen", f"{args.lenpen:g}"]
     if args.write:

@@ -251,6 +251,18 @@ def first_short_pairs(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequen
     return chosen
 
 
+def validation_attention_figure(model: Transformer, vocab, src_ids: Sequence[Sequence[int]],
+                                tgt_ids: Sequence[Sequence[int]], *, step: int) -> Figure | None:
+    """train.py's TensorBoard image valid/attention: the cross-attention of the first short pair of these
+    (validation pairs, the reference teacher-forced), per layer; None when none is short enough."""
+    chosen = first_short_pairs(src_ids, tgt_ids, 1)
+    if not chosen:
+        return None
+    index = chosen[0]
+    return pair_attention_figure(model, vocab, src_ids[index], tgt_ids[index],
+                                 title=f"Cross-attention, validation sentence {index + 1}, update {step}")
+
+
 # ---------------------------------------------------------------------------------------------- the report
 
 

@@ -219,12 +219,17 @@ def _dataset(name: str):
     return dataset
 
 
-def testset_langpairs(name: str) -> list[str]:
-    """The language pairs of a sacreBLEU test set; ValueError naming the fix for an unknown or refused name."""
+def _testset(name: str):
+    """sacreBLEU's dataset `name`; ValueError naming the fix for an unknown name or the filtered `wmt14`."""
     if name == "wmt14":
         raise ValueError("sacreBLEU's 'wmt14' is the filtered newstest2014 (2737 lines for en-de); "
                          "newstest2014 means the full 3003-line set: use testset=wmt14/full")
-    return sorted(_dataset(name).langpairs)
+    return _dataset(name)
+
+
+def testset_langpairs(name: str) -> list[str]:
+    """The language pairs of a sacreBLEU test set; ValueError naming the fix for an unknown or refused name."""
+    return sorted(_testset(name).langpairs)
 
 
 def load_testset(name: str, langpair: str) -> tuple[list[str], list[str]]:
@@ -234,9 +239,10 @@ def load_testset(name: str, langpair: str) -> tuple[list[str], list[str]]:
     SACREBLEU=../shared/data/sacrebleu), downloading only what it lacks. The filtered `wmt14` is refused:
     newstest2014 means the full 3003-line set. A set with several references gives its first.
     """
-    if langpair not in (langpairs := testset_langpairs(name)):
-        raise ValueError(f"sacreBLEU test set {name!r} has no language pair {langpair!r} (it has {', '.join(langpairs)})")
-    dataset = _dataset(name)
+    dataset = _testset(name)
+    if langpair not in dataset.langpairs:
+        raise ValueError(f"sacreBLEU test set {name!r} has no language pair {langpair!r} "
+                         f"(it has {', '.join(sorted(dataset.langpairs))})")
     try:
         source = dataset.get_source_file(langpair)
         references = dataset.get_reference_files(langpair)

@@ -505,3 +505,16 @@ def print_summary(job, argv: list[str]) -> None:
         f"  python evaluate.py checkpoint={model} src={test_src} ref={test_ref}",
         f"  python train.py {' '.join(argv)} train.max_steps=<more>    # resumes where this run stopped",
     ]), file=sys.stderr, flush=True)
+
+
+def compile_for_batches(module: torch.nn.Module, *, backend: str = "inductor") -> torch.nn.Module:
+    """torch.compile for batches whose (B, S, T) change every pass: one graph for them all, one more for B = 1.
+
+    Why dynamic=True: by default dynamo compiles the first batch's sizes as constants and makes them symbolic
+    only when the next shape arrives, a whole inductor compile (forward and backward) spent on one shape; with
+    constant sizes (dynamic=False) it compiles per shape until torch._dynamo.config.recompile_limit (8), then
+    runs eagerly. Dynamo still specialises sizes of 1: a one-sentence batch gets its own graph, and so would
+    a batch of empty sentences (S or T = 1). Padding lengths to multiples of 8 in `collate` instead would
+    change the eager batches and train.max_tokens' count. tests/test_compile.py counts the graphs.
+    """
+    return torch.compile(module, dynamic=True, backend=backend)
