@@ -8,7 +8,8 @@
     python evaluate.py checkpoint=runs/quickstart src=dev.en ref=dev.de checkpoints=all   # which checkpoint?
 
 stdout: one line per metric (sacreBLEU's BLEU and chrF lines with their signatures, then `tokBLEU|...`,
-the paper's tokenized BLEU). Hypotheses and scores.json go to `out` (default run_dir/eval/<test set>/);
+the paper's tokenized BLEU; with `tok_ref=<lowercased tokenised reference>`, also `lcBLEU|...`, the Multi30k
+papers' BLEU: transformer/scoring.py). Hypotheses and scores.json go to `out` (default run_dir/eval/<test set>/);
 a row is appended to `table` (default run_dir/eval/table.md) in the layout of the paper's Table 2 or 3.
 An ensemble (`checkpoint=[a.pt,b.pt]`) translates and is scored as one model: its perplexity is that of
 the members' mean log-probabilities, renormalised (tests/test_translate_evaluate.py computes it by hand).
@@ -29,13 +30,13 @@ from omegaconf import DictConfig
 
 from transformer import checkpoint as ckpt
 from transformer.checkpoint import TrainState
-from transformer.cli import ConfigError, compose_config, hydra_app, pick_device, setup_logging
+from transformer.cli import ConfigError, compose_config, decode_request, hydra_app, pick_device, setup_logging
 from transformer.config import EvaluateJob, to_job
 from transformer.kernels import keep_freed_memory
 from transformer.report import Evaluation, write_report
 from transformer.search import Ensemble
-from transformer.scoring import (append_table_row, load_testset, read_lines, sacrebleu_scores, testset_langpairs,
-                                 training_flops)
+from transformer.scoring import (append_table_row, lc_bleu, load_testset, read_lines, sacrebleu_scores,
+                                 testset_langpairs, training_flops)
 from transformer.significance import paired_significance
 from transformer.sweep import sweep_checkpoints, sweep_run_dir
 from transformer.translation import Translator, corpus_nll, write_results
@@ -123,7 +124,11 @@ def run(cfg: DictConfig) -> int:
         check_testset_name(job)
     else:
         sources, references, set_name = references_and_sources(job, None)
-    translator = Translator.load(job.checkpoint, device, decode=job.decode) if job.checkpoint is not None else None
+    tokenized = read_file(job.tok_ref, "tok_ref") if job.tok_ref else None
+    translator = None
+    if job.checkpoint is not None:  # the run's own search settings, but for the decode.* keys given here
+        decode, settings = decode_request(cfg, job.decode)
+        translator = Translator.load(job.checkpoint, device, decode=decode, **settings)
     if job.testset:
         sources, references, set_name = references_and_sources(job, translator)
     if job.checkpoints == "all":
@@ -131,7 +136,7 @@ def run(cfg: DictConfig) -> int:
             raise ConfigError("checkpoints=all decodes, so it needs the source: give src=<file> with ref=<file>, "
                               "or testset=<name>")
         return sweep_checkpoints(job.checkpoint, sources=sources, references=references, set_name=set_name,
-                                 lang=target_language(job, translator), decode=job.decode, device=device,
+                                 lang=target_language(job, translator), decode=translator.decode, device=device,
                                  out=Path(job.out) if job.out else None)
     path = ckpt.resolve(str(job.checkpoint)) if isinstance(job.checkpoint, str) else None
     run_dir = ckpt.run_dir_of(path) if path is not None else None
@@ -159,6 +164,11 @@ def run(cfg: DictConfig) -> int:
         scores = sacrebleu_scores(hypotheses, references, lang=lang)
     except ValueError as error:  # e.g. an empty reference: nothing to score
         raise ConfigError(f"{error}: give a non-empty reference and translation") from None
+    if tokenized is not None:  # the Multi30k papers' metric, against the task's own tokenised reference
+        if len(tokenized) != len(references):
+            raise ConfigError(f"tok_ref={job.tok_ref} has {len(tokenized)} lines but the reference has "
+                              f"{len(references)}: give the tokenised reference of the same test set")
+        scores.append(lc_bleu(hypotheses, tokenized, lang))
     for score in scores:
         print(score.line, flush=True)
     results = {"testset": set_name, "lang": lang, "lines": len(references),
@@ -169,7 +179,7 @@ def run(cfg: DictConfig) -> int:
     if translator is not None and sources is not None:
         vocab = translator.vocab
         results["ppl"] = corpus_nll(translator.model, vocab.encode(sources), vocab.encode_target(references),
-                                    max_tokens=job.decode.max_tokens, device=device)["ppl"]
+                                    max_tokens=translator.decode.max_tokens, device=device)["ppl"]
         log.info("perplexity of the references: %.2f", results["ppl"])
     if record is not None:
         results.update({"params": record["params"], "step": record.get("step"),
@@ -288,7 +298,9 @@ def table_row(job: EvaluateJob, results: dict, record: dict | None, run_dir: Pat
     row = {"model": name, "lang": lang, "bleu": scores["BLEU"]["score"], "tokbleu": scores["tokBLEU"]["score"],
            "ppl": results.get("ppl")}
     if record is not None:
-        m = record["model_config"]
+        from transformer.config import model_config_with_defaults
+
+        m = model_config_with_defaults(record["model_config"])  # a record from before d_k or positions existed
         state = TrainState.read(record)
         train_cfg = (record.get("config") or {}).get("train", {})
         row.update({
@@ -296,8 +308,8 @@ def table_row(job: EvaluateJob, results: dict, record: dict | None, run_dir: Pat
             "gpu_hours": state.train_seconds / 3600 * state.world_size if state.device == "cuda" else None,
             "flops": training_flops(results["params"] - m["vocab_size"] * m["d_model"], state.train_tokens) or None,
             "N": m["encoder_layers"], "d_model": m["d_model"], "d_ff": m["d_ff"], "h": m["heads"],
-            "d_k": m["d_model"] // m["heads"], "d_v": m["d_model"] // m["heads"], "p_drop": m["dropout"],
-            "eps_ls": train_cfg.get("label_smoothing"),
+            "d_k": m["d_k"] or m["d_model"] // m["heads"], "d_v": m["d_model"] // m["heads"], "p_drop": m["dropout"],
+            "eps_ls": train_cfg.get("label_smoothing"), "positions": m["positions"],
         })
     return row
 

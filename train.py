@@ -41,7 +41,8 @@ from transformer.training import (Run, Start, StopRequest, Window, agree, compil
                                   keep_best, log_window, mixed_precision, plan_update, print_summary,
                                   resolve_precision, resolve_run_dir, resume_or_initialise, settle, start_fingerprint,
                                   step_if_finite, user_error, write_run_record)
-from transformer.translation import corpus_nll, split_bleu, write_results
+from transformer.scoring import sacrebleu_scores
+from transformer.translation import Translator, corpus_nll, split_bleu, write_results
 
 log = logging.getLogger("train")
 
@@ -298,10 +299,15 @@ def finish(run: Run, argv: list[str]) -> None:
     log.info("averaged the checkpoints of updates %s into %s", steps, ckpt.averaged_path(run_dir))
     if job.train.test_at_end:
         run.model.load_state_dict(averaged["model"])
+        run.model.eval()
         test = run.data.test.dataset
         log.info("translating the %d test sentences with beam %d", len(test), job.decode.beam)
-        scores, texts = split_bleu(run.model, run.data.vocab, test["src_ids"], test["tgt"], job.decode,
-                                   lang=job.data.tgt_lang, device=run.device)
+        # Text in, text out, as evaluate.py translates the test set (Translator.translate): the same
+        # checkpoint and search settings give the same hypotheses and the same BLEU there.
+        translator = Translator(model=run.model, vocab=run.data.vocab, decode=job.decode, src_lang=job.data.src_lang,
+                                tgt_lang=job.data.tgt_lang, device=run.device, checkpoints=[])
+        texts = translator.translate(test["src"])
+        scores = sacrebleu_scores(texts, test["tgt"], lang=job.data.tgt_lang)
         write_results(run_dir / "eval" / "test", texts, {s.name: s.as_dict() for s in scores})
         for score in scores:
             print(score.line, flush=True)

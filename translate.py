@@ -22,7 +22,7 @@ from typing import Sequence, TextIO
 from omegaconf import DictConfig
 
 from transformer.alignment import Aligner, default_alignment_layer, format_alignment
-from transformer.cli import ConfigError, compose_config, hydra_app, pick_device, setup_logging
+from transformer.cli import ConfigError, compose_config, decode_request, hydra_app, pick_device, setup_logging
 from transformer.config import TranslateJob, to_job
 from transformer.kernels import keep_freed_memory
 from transformer.search import Ensemble
@@ -40,7 +40,10 @@ def run(cfg: DictConfig) -> int:
         raise ConfigError("alignment=true and interactive=true do not go together yet: set one of them to false")
     if job.input is not None and not Path(job.input).is_file():
         raise ConfigError(f"input={job.input} is not a file: give a text file, one sentence a line")
-    translator = Translator.load(job.checkpoint, pick_device(job.device), decode=job.decode)
+    decode, settings = decode_request(cfg, job.decode)  # the run's own search, but for decode.* given here
+    translator = Translator.load(job.checkpoint, pick_device(job.device), decode=decode, **settings)
+    if job.alignment and translator.decode.nbest > 1:
+        raise ConfigError("alignment=true aligns the best translation only: set decode.nbest=1")
     aligner = alignment_of(job, translator) if job.alignment else None
     if job.interactive:
         return interactive(translator, job)
@@ -54,7 +57,7 @@ def run(cfg: DictConfig) -> int:
         text = "".join(f"{row[0].text} ||| {format_alignment(aligner.align(src, row[0].text))}\n"
                        for src, row in zip(texts, results))
     else:
-        text = output_lines(results, nbest=job.decode.nbest)
+        text = output_lines(results, nbest=translator.decode.nbest)
     if job.output is None:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -86,7 +89,7 @@ def interactive(translator: Translator, job: TranslateJob) -> int:
         for batch in arriving_lines(stream, job.interactive_batch):
             texts = [decode_line(line, source, done + i) for i, line in enumerate(batch, start=1)]
             results = translator.translate_nbest(texts, source=source, first_line=done + 1)
-            out.write(output_lines(results, nbest=job.decode.nbest, first=done))
+            out.write(output_lines(results, nbest=translator.decode.nbest, first=done))
             out.flush()
             done += len(batch)
     except KeyboardInterrupt:

@@ -318,7 +318,13 @@ def train_vocab(
     trainer.join()
     if failure:
         if isinstance(failure[0], RuntimeError):
-            raise DataError(f"SentencePiece training failed: {_spm_message(failure[0])} (data.vocab_size={vocab_size})")
+            message = _spm_message(failure[0])
+            too_small = re.search(r"smaller than required_chars\. \d+ vs (\d+)", message)
+            if too_small:  # SentencePiece's advice names its own flag (--character_coverage), not ours
+                raise DataError(f"data.vocab_size={vocab_size} is too small for this corpus: its characters and the "
+                                f"special pieces need {too_small[1]} pieces; set data.vocab_size to at least "
+                                f"{too_small[1]} (or give a trained model with data.spm_model)")
+            raise DataError(f"SentencePiece training failed: {message} (data.vocab_size={vocab_size})")
         raise failure[0]
     vocab = Vocab(model.getvalue(), origin="the trained vocabulary")
     if path is not None:

@@ -37,6 +37,63 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
+# ----------------------------------------------------------------------------------------------------
+# Packages of the test extra (pip install -e '.[test]'): interop and packaging tests, skipped without them
+# ----------------------------------------------------------------------------------------------------
+
+# The README's test command runs in the environment its install command made, which has the project's
+# dependencies only: a test that needs one of these packages declares it (`@pytest.mark.extras(...)`, or
+# `import_extra` for a module that imports one at collection) and is skipped with the install line without
+# it. TRANSFORMER_REQUIRE_EXTRAS=1 (.ci/run, with the extra installed) turns each skip into a failure, so that
+# CI runs these tests rather than skipping them.
+EXTRA_INSTALL = "pip install -e '.[test]'"
+
+
+def _require_extras() -> bool:
+    return os.environ.get("TRANSFORMER_REQUIRE_EXTRAS") == "1"
+
+
+def missing_extras(requirements) -> list[str]:
+    """The requirements (e.g. "transformers", "setuptools>=70.1") this environment does not satisfy."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.requirements import Requirement
+
+    missing = []
+    for text in requirements:
+        requirement = Requirement(text)
+        try:
+            if version(requirement.name) not in requirement.specifier:
+                missing.append(f"{text} (found {version(requirement.name)})")
+        except PackageNotFoundError:
+            missing.append(text)
+    return missing
+
+
+def import_extra(name: str):
+    """`import name` for a test module that needs it at collection: skipped (the whole module) without it."""
+    import importlib
+
+    if _require_extras() or not missing_extras([name]):
+        return importlib.import_module(name)  # required and missing: the ImportError fails the collection
+    pytest.skip(f"needs {name}, from the test extra: {EXTRA_INSTALL}", allow_module_level=True)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "extras(*requirements): needs packages of the test extra ('.[test]'); "
+                                       "skipped without them, failed under TRANSFORMER_REQUIRE_EXTRAS=1")
+
+
+@pytest.fixture(autouse=True)
+def _test_extra_packages(request):
+    for marker in request.node.iter_markers("extras"):
+        missing = missing_extras(marker.args)
+        if missing and _require_extras():
+            pytest.fail(f"TRANSFORMER_REQUIRE_EXTRAS=1 but {', '.join(missing)} is not installed: {EXTRA_INSTALL}")
+        if missing:
+            pytest.skip(f"needs {', '.join(missing)}, from the test extra: {EXTRA_INSTALL}")
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The real WMT sample beside the checkout; skipped when absent, except under CI where it must exist."""

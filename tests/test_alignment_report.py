@@ -260,3 +260,20 @@ def test_training_logs_the_attention_heatmap_of_a_validation_sentence(tiny_run, 
     path = tmp_path / "attention.png"
     path.write_bytes(images[-1].encoded_image_string)
     assert png_pixels(path)[..., :3].std() > 0.05
+
+
+@pytest.mark.slow
+def test_report_says_why_it_has_no_attention_figure_when_every_translation_is_empty(tiny_run, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """A model too early in training translates every sentence as nothing: the section keeps its heading and
+    says why it has no figure, instead of a caption over nothing."""
+    from transformer.translation import Translator
+
+    monkeypatch.setattr(Translator, "translate", lambda self, texts, **_: [""] * len(texts))
+    src, ref = tiny_run.files("test")
+    out = tmp_path / "eval"
+    assert evaluate.main(["device=cpu", f"checkpoint={tiny_run.run_dir}", f"src={src}", f"ref={ref}", f"out={out}",
+                          f"table={tmp_path / 'table.md'}"]) == 0
+    section = (out / "report.md").read_text(encoding="utf-8").split("## Cross-attention on test sentences", 1)[1]
+    assert "![" not in section and "Each row is" not in section
+    assert f"({len(read_lines(src))} of {len(read_lines(src))} translations are empty" in section

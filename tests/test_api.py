@@ -205,6 +205,7 @@ def test_interactive_batches_number_nbest_lines_as_batch_mode_does(tiny_run, cap
 
 
 @pytest.mark.slow
+@pytest.mark.extras("setuptools>=70.1")  # the wheel is built offline, with the environment's setuptools
 def test_console_scripts_of_an_installed_copy_work_from_any_directory(tiny_run, tmp_path, capsys, monkeypatch):
     """`pip install` (not editable) into a folder, then each console script run from an empty directory
     elsewhere: the configs and entry scripts come from the installed copy, not from this checkout."""

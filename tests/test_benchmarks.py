@@ -33,6 +33,7 @@ def test_gpu_check_smoke_runs_every_step(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extras("transformers", "ctranslate2")  # the peers it measures
 def test_decode_real_smoke_reports_every_engine_and_parity(tiny_run, tmp_path):
     """The tiny model's test lines through ours, generate and CTranslate2: a row per engine, and greedy
     output that is the same string as ours in generate and CTranslate2 float32 (issue #16's parity)."""

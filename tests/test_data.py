@@ -1,5 +1,6 @@
 """data/: corpus loading, cleaning, vocabulary, encoding cache, token batching, collation, user errors."""
 
+import re
 import time
 from pathlib import Path
 
@@ -473,3 +474,15 @@ def test_stored_vocabulary_is_used_when_vocab_size_is_null(small_corpus, tmp_pat
     assert again.vocab.sha256 == first.vocab.sha256
     with pytest.raises(DataError, match="data.vocab_size is null"):
         prepare({**cfg, "vocab_size": None}, tmp_path / "other", splits=("train",), seed=1, log=lambda m: None)
+
+
+def test_a_vocabulary_too_small_for_the_characters_names_our_key_not_sentencepieces_flag():
+    """SentencePiece's advice ("decrease character_coverage with --character_coverage") names a flag this
+    project's config does not have: the error names data.vocab_size and the size that fits instead."""
+    texts = ["".join(chr(0x4E00 + (7 * i + j) % 500) for j in range(12)) for i in range(600)]  # 500 characters
+    with pytest.raises(DataError) as error:
+        train_vocab(texts, None, 300)
+    message = str(error.value)
+    assert "character_coverage" not in message and "data.vocab_size=300 is too small" in message
+    needed = int(re.search(r"at least (\d+)", message)[1])
+    assert train_vocab(texts, None, needed).size == needed

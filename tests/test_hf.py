@@ -15,12 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-if os.environ.get("CI") == "true":  # installed by the test extra: CI must run these tests, not skip them
-    import ctranslate2
-    import transformers
-else:
-    transformers = pytest.importorskip("transformers")
-    ctranslate2 = pytest.importorskip("ctranslate2")
+from conftest import import_extra  # noqa: E402
+
+pytestmark = pytest.mark.extras("transformers", "ctranslate2")  # the test extra; CI runs them (.ci/run)
+transformers = import_extra("transformers")
+ctranslate2 = import_extra("ctranslate2")
 import sentencepiece as spm  # noqa: E402
 
 from data.vocab import MarianVocab  # noqa: E402

@@ -10,6 +10,8 @@ import pytest
 import sacrebleu
 
 from transformer.scoring import (
+    lc_bleu,
+    lc_norm_tok,
     TABLE2_COLUMNS,
     TABLE3_COLUMNS,
     append_table_row,
@@ -217,15 +219,16 @@ def test_two_appended_rows_render_as_the_papers_tables(tmp_path):
                             "gpu_hours": 96, "flops": training_flops(44_000_000, 2_500_000_000)}, table="2")
     append_table_row(path, {"model": "big", "lang": "fr", "bleu": 41.0, "tokbleu": None, "ppl": 4.33,
                             "steps": 300000, "params": 213_000_000, "N": 6, "d_model": 1024, "d_ff": 4096,
-                            "h": 16, "d_k": 64, "d_v": 64, "p_drop": 0.3, "eps_ls": 0.1}, table="both")
+                            "h": 16, "d_k": 64, "d_v": 64, "p_drop": 0.3, "eps_ls": 0.1, "positions": "sinusoidal"},
+                     table="both")
     tables = _markdown_tables(path.read_text(encoding="utf-8"))
     assert len(tables) == 2
     (table2_heading, table2), (table3_heading, table3) = tables.items()
     assert "Table 2" in table2_heading and "Table 3" in table3_heading
     assert table2[0] == ["Model", "EN-DE BLEU (sacreBLEU)", "EN-DE tokBLEU", "EN-FR BLEU (sacreBLEU)",
                          "EN-FR tokBLEU", "Training steps", "GPU-hours", "Training FLOPs"]
-    assert table3[0] == ["Model", "N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "ε_ls", "train steps",
-                         "PPL (dev)", "BLEU (dev)", "params ×10^6"]
+    assert table3[0] == ["Model", "N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "ε_ls", "positions",
+                         "train steps", "PPL (dev)", "BLEU (dev)", "params ×10^6"]
     assert [title for title, _, _ in TABLE2_COLUMNS] == table2[0]
     assert [title for title, _, _ in TABLE3_COLUMNS] == table3[0]
     assert all(set(cell) == {"-"} for cell in table2[1]) and all(set(cell) == {"-"} for cell in table3[1])
@@ -233,8 +236,8 @@ def test_two_appended_rows_render_as_the_papers_tables(tmp_path):
         ["base", "27.31", "27.90", "–", "–", "100000", "96.0", "6.6 · 10^17"],
         ["big", "–", "–", "41.00", "–", "300000", "–", "–"],
     ]
-    assert table3[2:] == [["big", "6", "1024", "4096", "16", "64", "64", "0.3", "0.1", "300000", "4.33", "–",
-                           "213"]]
+    assert table3[2:] == [["big", "6", "1024", "4096", "16", "64", "64", "0.3", "0.1", "sinusoidal", "300000", "4.33",
+                           "–", "213"]]
     for table in (table2, table3):
         assert len({len(row) for row in table}) == 1
 
@@ -257,3 +260,33 @@ def test_table_rejects_unknown_keys_and_tables(tmp_path):
 
 def test_training_flops_is_six_n_tokens():
     assert training_flops(44_000_000, 2_500_000_000) == 6 * 44_000_000 * 2_500_000_000
+
+
+# ------------------------------------------------------------------------- lcBLEU (the Multi30k papers' BLEU)
+
+
+@pytest.mark.parametrize("lang, differing", [("de", []), ("en", []), ("fr", [694])])
+def test_lc_norm_tok_reproduces_the_official_multi30k_references(shared_data, lang, differing):
+    """The task's preprocessing applied to the raw test_2016_flickr references gives the official
+    `lc.norm.tok` files: German and English line for line; French all but line 694 (the official
+    normaliser put the period after a closing quote there, sacremoses' French rules before it)."""
+    raw = read_lines(shared_data / "multi30k" / f"test_2016_flickr.{lang}")
+    official = read_lines(shared_data / "multi30k" / "tok" / f"test_2016_flickr.lc.norm.tok.{lang}")
+    ours = lc_norm_tok(raw, lang)
+    assert len(ours) == len(official) == 1000
+    assert [number for number, (a, b) in enumerate(zip(ours, official), start=1) if a != b] == differing
+
+
+def test_lc_bleu_lowercases_and_tokenizes_the_hypothesis_only():
+    """The hypothesis goes through the pipeline; the reference is taken as it is (already tokenised): a
+    cased, untokenised perfect translation scores 100, and the score equals multi-bleu's on the tokens."""
+    refs = ["ein mann mit einem orangefarbenen hut , der etwas anstarrt .", "ein boston terrier läuft über gras ."]
+    hyps = ["Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt.", "Ein Boston Terrier läuft über Gras."]
+    score = lc_bleu(hyps, refs, "de")
+    assert score.score == pytest.approx(100.0)
+    assert score.line.startswith("lcBLEU|case:lc|norm:moses-de|tok:moses-de|ref:tokenized|")
+    worse = ["Ein Mann mit einem Hut, der etwas anstarrt.", "Ein Terrier läuft über Gras."]
+    expected = sacrebleu.corpus_bleu([h.lower().replace(",", " ,").replace(".", " .") for h in worse], [refs],
+                                     tokenize="none", smooth_method="none", force=True).score
+    assert lc_bleu(worse, refs, "de").score == pytest.approx(expected)
+    assert lc_bleu(worse, [r.upper() for r in refs], "de").score == 0  # the reference is not lowercased again

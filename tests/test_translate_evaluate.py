@@ -537,7 +537,7 @@ def test_a_dev_set_adds_a_table3_row_with_the_model_shape_and_its_perplexity(tin
     assert scores["ppl"] == pytest.approx(math.exp(nll / count), rel=1e-4)
     m = state["model_config"]
     params = sum(t.numel() for t in model.state_dict().values())
-    expected = [f"| tiny | 2 | 64 | 128 | 4 | 16 | 16 | 0 | 0 | {TINY_STEPS} | {scores['ppl']:.2f} | "
+    expected = [f"| tiny | 2 | 64 | 128 | 4 | 16 | 16 | 0 | 0 | sinusoidal | {TINY_STEPS} | {scores['ppl']:.2f} | "
                 f"{score_of(lines[2]):.2f} | {params / 1e6:.0f} |"]
     assert (m["encoder_layers"], m["d_model"], m["d_ff"], m["heads"]) == (2, 64, 128, 4)
     table = (run_dir / "eval" / "table.md").read_text(encoding="utf-8").split("## Table 3")
@@ -555,3 +555,58 @@ def test_evaluate_names_the_row_of_a_loose_checkpoint_after_its_file(tiny_run, t
     rows = [line for line in table.read_text(encoding="utf-8").splitlines() if line.startswith("| my-model |")]
     assert len(rows) == 1 and rows[0].startswith(f"| my-model | 100.00 | 100.00 | – | – | {TINY_STEPS} |")
     assert not (tmp_path / "eval").exists()  # no run directory: files only where out= says
+
+
+# ------------------------------------------------------------------ one checkpoint, one test set: one BLEU
+
+
+@pytest.mark.slow
+def test_a_runs_own_evaluation_decodes_as_its_end_of_training_test(tmp_path, capsys, monkeypatch):
+    """train.py's end-of-run test and evaluate.py on the same averaged.pt and test set give the same
+    hypotheses and the same scores: both decode with the run's search settings (here a 3-token cap that the
+    paper's |src| + 50 would not impose) from the test set's text. A decode.* key given to evaluate.py or
+    translate.py still wins over the run's."""
+    from conftest import write_reversal_corpus
+    from helpers import train_main
+
+    prefixes = write_reversal_corpus(tmp_path / "corpus")
+    run_dir = tmp_path / "run"
+    assert train_main([
+        f"run_dir={run_dir}", "device=cpu", "data.dataset=null", f"data.train_prefix={prefixes['train']}",
+        f"data.valid_prefix={prefixes['valid']}", f"data.test_prefix={prefixes['test']}", "data.src_lang=en",
+        "data.tgt_lang=de", "data.vocab_size=400", "data.max_len_ratio=null", "data.num_workers=1",
+        "model.d_model=32", "model.heads=2", "model.d_ff=64", "model.encoder_layers=1", "model.decoder_layers=1",
+        "train.max_tokens=1024", "train.tokens_per_update=1024", "train.warmup_steps=50", "train.max_steps=150",
+        "train.save_every_steps=50", "train.save_every_minutes=0", "train.average_last=2", "train.valid_bleu_lines=0",
+        "train.best_metric=loss", "train.test_at_end=true", "decode.max_len_a=0", "decode.max_len_b=3"]) == 0
+    trained = (run_dir / "eval" / "test" / "hyp.txt").read_text(encoding="utf-8").splitlines()
+    trained_bleu = json.loads((run_dir / "eval" / "test" / "scores.json").read_text())["BLEU"]["score"]
+    assert max(len(h.split()) for h in trained) <= 3  # the run's cap reached the end-of-run test
+
+    source, reference = prefixes["test"].with_suffix(".en"), prefixes["test"].with_suffix(".de")
+    lines = run_evaluate([f"checkpoint={run_dir}", f"src={source}", f"ref={reference}", f"out={tmp_path / 'eval'}",
+                          "report=false"], capsys)
+    assert (tmp_path / "eval" / "hyp.txt").read_text(encoding="utf-8").splitlines() == trained
+    assert score_of(lines[0]) == pytest.approx(trained_bleu, abs=1e-9)
+
+    wider, _ = run_translate([f"checkpoint={run_dir}", "decode.max_len_b=50", "quiet=true"], capsys, monkeypatch,
+                             stdin=source.read_text(encoding="utf-8"))
+    assert wider != trained and max(len(h.split()) for h in wider) > 3  # the command line's cap, not the run's
+
+
+def test_evaluate_adds_the_multi30k_papers_bleu_against_a_tokenized_reference(shared_data, tmp_path, capsys,
+                                                                              monkeypatch):
+    """tok_ref= adds an lcBLEU line (lowercased, normalised, tokenised hypotheses against the official
+    lc.norm.tok file): the raw German reference as the translation scores 100 there, as it does in cased BLEU;
+    a tok_ref of another length is a one-line error."""
+    multi30k = shared_data / "multi30k"
+    raw, tokenized = multi30k / "test_2016_flickr.de", multi30k / "tok" / "test_2016_flickr.lc.norm.tok.de"
+    lines = run_evaluate([f"hyp={raw}", f"ref={raw}", f"tok_ref={tokenized}", f"out={tmp_path}"], capsys)
+    assert [line.split("|", 1)[0] for line in lines] == ["BLEU", "chrF2", "tokBLEU", "lcBLEU"]
+    assert lines[3].startswith("lcBLEU|case:lc|norm:moses-de|tok:moses-de|ref:tokenized|")
+    assert score_of(lines[3]) == pytest.approx(100.0)
+    assert json.loads((tmp_path / "scores.json").read_text())["scores"]["lcBLEU"]["score"] == pytest.approx(100.0)
+    short = tmp_path / "short.tok.de"
+    short.write_text("ein mann .\n", encoding="utf-8")
+    error = user_error(evaluate, [f"hyp={raw}", f"ref={raw}", f"tok_ref={short}"], capsys, monkeypatch)
+    assert "tok_ref=" in error and "has 1 lines but the reference has 1000" in error

@@ -29,7 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 from data.errors import DataError
 from transformer import config as schema
 from transformer.checkpoint import CheckpointError
-from transformer.config import ConfigError
+from transformer.config import ConfigError, DecodeConfig
 from transformer.distributed import PeerFailure
 from transformer.errors import one_line
 
@@ -93,7 +93,19 @@ def compose_config(overrides: Sequence[str], *, config_name: str = "config") -> 
     with open_dict(cfg):
         del cfg["hydra"]
         cfg.choices = choices
+        cfg.overrides = list(overrides)
     return cfg
+
+
+def decode_request(cfg: DictConfig, decode: DecodeConfig) -> tuple[DecodeConfig | None, dict]:
+    """(decode, settings) for `Translator.load(..., decode=decode, **settings)` from translate.py's or
+    evaluate.py's command line: a checkpoint decodes with its run's own search settings (`run_decode`), except
+    for the decode.* keys given on the command line; `decode=<preset>` (e.g. decode=greedy) sets them all."""
+    keys = [o.lstrip("+").split("=", 1)[0] for o in cfg.get("overrides") or [] if not o.startswith("~")]
+    if "decode" in keys:
+        return decode, {}
+    given = [key.removeprefix("decode.") for key in keys if key.startswith("decode.")]
+    return None, {key: getattr(decode, key) for key in given}
 
 
 def setup_logging(*, quiet: bool = False) -> None:
@@ -153,6 +165,7 @@ def hydra_app(config_name: str, run: Callable[[DictConfig], int]) -> None:
         with open_dict(cfg):
             cfg.choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra/")}
             cfg.job_num = hydra_cfg.job.num if hydra_cfg.mode == RunMode.MULTIRUN else None
+            cfg.overrides = list(hydra_cfg.overrides.task)
         status = _with_user_errors(run, cfg)
         if status:
             sys.exit(status)

@@ -14,6 +14,7 @@ one, `TrainConfig()` the §5 recipe and `DecodeConfig()` §6.1's search.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -60,6 +61,10 @@ class ModelConfig:
     scale_embedding: bool = True  # embeddings × √d_model (§3.4); Marian's converted models: false
     logits_bias: bool = False  # a fixed (untrained) bias on the logits: Marian's final_logits_bias
     shared_embeddings: bool = True  # one matrix for source, target and softmax (§3.4); false: the decoder's own
+    # Variants of Table 3 (docs/TABLE3.md); off = the paper's base.
+    d_k: Optional[int] = None  # row (B): query/key width per head; null: d_model // heads (d_v is d_model // heads)
+    positions: str = "sinusoidal"  # sinusoidal (§3.5) | learned: row (E), a trained table of max_positions rows
+    max_positions: int = 1024  # positions=learned: the most positions of a source (pieces + EOS) or a target
 
     def __post_init__(self) -> None:
         for name in ("d_model", "heads", "d_ff", "encoder_layers", "decoder_layers"):
@@ -74,9 +79,28 @@ class ModelConfig:
             _require(isinstance(getattr(self, name), bool),
                      f"model.{name}={getattr(self, name)!r} is invalid: set it to true or false")
         _one_of("model.activation", self.activation, ACTIVATIONS, " (relu is the paper's)")
+        _require(self.d_k is None or (isinstance(self.d_k, int) and not isinstance(self.d_k, bool) and self.d_k >= 1),
+                 f"model.d_k={self.d_k!r} is invalid: set it to a positive integer (the query/key width per head) "
+                 "or null (d_model / heads)")
+        _one_of("model.positions", self.positions, POSITIONS, " (sinusoidal is the paper's)")
+        _require(isinstance(self.max_positions, int) and not isinstance(self.max_positions, bool)
+                 and self.max_positions >= 2,
+                 f"model.max_positions={self.max_positions!r} is invalid: set it to an integer >= 2 (the rows of "
+                 "the learned position table)")
+
+    @property
+    def key_width(self) -> int:
+        """d_k of §3.2.2: the width of each head's queries and keys (d_model / heads unless `d_k` is set)."""
+        return self.d_model // self.heads if self.d_k is None else self.d_k
+
+    @property
+    def value_width(self) -> int:
+        """d_v of §3.2.2: the width of each head's values, d_model / heads (Concat of the heads is d_model wide)."""
+        return self.d_model // self.heads
 
 
 ACTIVATIONS = ("relu", "gelu", "swish")  # gelu: the exact (erf) GELU; swish: x·sigmoid(x) (SiLU), as Marian's
+POSITIONS = ("sinusoidal", "learned")  # §3.5's sinusoids | Table 3 row (E): learned positional embeddings
 
 
 def model_config_with_defaults(saved: dict) -> dict:
@@ -94,8 +118,10 @@ DATA_KEYS = ("src_lang", "tgt_lang", "vocab_size", "spm_model", "dataset", "subs
              "dedup")
 
 MODEL_PRESETS = {
-    "base": ModelConfig(),  # N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1: 65M parameters as reported
-    "big": ModelConfig(d_model=1024, heads=16, d_ff=4096, dropout=0.3),  # P_drop=0.3: 213M as reported
+    # Table 3's "base" and "big" rows. Parameters with the 37000-piece vocabulary: 63.0M and 214.2M, where the
+    # paper says 65M and 213M (docs/TABLE3.md, "Parameter counts", explains the difference).
+    "base": ModelConfig(),  # N=6, d_model=512, d_ff=2048, h=8, d_k=d_v=64, P_drop=0.1
+    "big": ModelConfig(d_model=1024, heads=16, d_ff=4096, dropout=0.3),  # d_k=d_v=64, P_drop=0.3
 }
 
 
@@ -271,6 +297,27 @@ class TrainJob:
         _require(top is None or 0 <= top <= deepest,
                  f"train.train_top_layers={top} must be null (train every layer) or an integer from 0 to {deepest} "
                  f"(the model has {self.model.encoder_layers} encoder and {self.model.decoder_layers} decoder layers)")
+        if self.model.positions == "learned":
+            _check_position_table(self.model.max_positions, self.decode)
+
+
+def _check_position_table(max_positions: int, decode: DecodeConfig) -> None:
+    """A learned position table must hold the longest source that `decode` reads (max_input_len pieces + EOS)
+    and the longest translation search may write for it: positions 0 (BOS) .. floor(a·max_input_len + b),
+    the cap of decode.max_len_a (a) and max_len_b (b). A longer input or output would fail in the model."""
+
+    def needed(pieces: int) -> int:
+        return max(pieces + 1, math.floor(decode.max_len_a * pieces + decode.max_len_b) + 1)
+
+    need = needed(decode.max_input_len)
+    if need <= max_positions:
+        return
+    fitting = [m for m in range(max_positions - 1, 0, -1) if needed(m) <= max_positions][:1]
+    fix = f"decode.max_input_len={fitting[0]} or " if fitting else ""
+    raise ConfigError(f"model.max_positions={max_positions} (positions=learned) is too small for "
+                      f"decode.max_input_len={decode.max_input_len}: such a source and its longest translation "
+                      f"(decode.max_len_a·|src| + decode.max_len_b) need {need} positions; set {fix}"
+                      f"model.max_positions={need}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -304,6 +351,7 @@ class EvaluateJob:
     langpair: Optional[str] = None  # null: <src>-<tgt> of the checkpoint
     src: Optional[str] = None
     ref: Optional[str] = None
+    tok_ref: Optional[str] = None  # a lowercased, tokenised reference (Multi30k's *.lc.norm.tok.<lang>): adds lcBLEU
     hyp: Any = None  # score this translation instead of decoding; [base,new,...]: paired tests against the first
     lang: Optional[str] = None  # target language for tokBLEU; null: the checkpoint's, else the ref's suffix
     split: str = "auto"  # test → a Table 2 row, dev → a Table 3 row; auto: dev for newstest2013, else test
@@ -367,7 +415,7 @@ def register() -> None:
 def to_job(cfg: DictConfig, job: str = "config"):
     """The composed config as its job's frozen dataclass; range checks raise a one-line ConfigError."""
     container = OmegaConf.to_container(cfg, resolve=True)
-    for key in ("choices", "job_num"):  # added by transformer/cli.py for naming runs
+    for key in ("choices", "job_num", "overrides"):  # added by transformer/cli.py (naming runs, decode_request)
         container.pop(key, None)
     try:
         return OmegaConf.to_object(OmegaConf.merge(_schema(JOBS[job]), container))

@@ -69,6 +69,7 @@ def residual_permutation(d_model: int) -> torch.Tensor:
 
 def marian_config(config: TransformerConfig, *, max_positions: int = MAX_POSITIONS):
     """The `transformers.MarianConfig` of our architecture and token ids (post-norm only)."""
+    refuse_table3_variants(config, "Hugging Face Marian")
     from transformers import MarianConfig
 
     if config.norm_first:
@@ -85,6 +86,18 @@ def marian_config(config: TransformerConfig, *, max_positions: int = MAX_POSITIO
         pad_token_id=config.pad_id, decoder_start_token_id=config.bos_id, eos_token_id=config.eos_id,
         forced_eos_token_id=None, bos_token_id=None, encoder_layerdrop=0.0, decoder_layerdrop=0.0,
     )
+
+
+def refuse_table3_variants(config: ModelConfig, target: str) -> None:
+    """Table 3's variants that Marian and CTranslate2 models cannot hold, refused with one line each: their
+    attention gives queries, keys and values one width (d_model / heads), and their positions are sinusoids."""
+    if config.key_width != config.value_width:
+        raise InteropError(f"model.d_k={config.d_k} has no {target} equivalent (its heads use d_model/heads="
+                           f"{config.value_width} for queries, keys and values alike): export a model with "
+                           "model.d_k=null")
+    if config.positions != "sinusoidal":
+        raise InteropError(f"model.positions={config.positions} has no {target} equivalent (its positions are "
+                           "sinusoids): export a model trained with model.positions=sinusoidal")
 
 
 def _layer_map(stack: str, i: int, *, decoder: bool) -> list[tuple[str, str, str]]:
@@ -364,7 +377,7 @@ def _marian_vocab(src: Path, tokenizer: dict, hc) -> Vocab | MarianVocab:
 def train_overrides(config: TransformerConfig) -> str:
     """The `model.*` overrides with which train.py builds this architecture (init_from checks them)."""
     def value(v):
-        return str(v).lower() if isinstance(v, bool) else str(v)
+        return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
     return " ".join(f"model.{key}={value(getattr(config, key))}" for key in ARCH_KEYS)
 
 
@@ -456,9 +469,10 @@ def ctranslate2_spec(model: Transformer, source: list[str], target: list[str], *
                      max_positions: int = MAX_POSITIONS):
     """A CTranslate2 `TransformerSpec` of `model` with these token strings for the source and target ids:
     post-norm layers, our sinusoid table, our start token (bos_id), sources ended by EOS automatically."""
+    config = model.config
+    refuse_table3_variants(config, "CTranslate2")
     from ctranslate2.specs import common_spec, transformer_spec
 
-    config = model.config
     if config.norm_first:
         raise InteropError("CTranslate2 export of a pre-norm model is not supported: export a post-norm model")
     activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,

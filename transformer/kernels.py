@@ -235,11 +235,13 @@ class Linear(nn.Linear):
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
                                  is_causal: bool = False) -> Tensor:
-    """F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal) without dropout, scale 1/sqrt(Dh).
+    """F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal) without dropout, scale 1/sqrt(Dk).
 
-    On CPU it is computed as softmax(Q K^T / sqrt(Dh)) V with two batched matmuls; the scores and the
-    softmax are float32 (float64 for float64 inputs), as in torch's fused kernels, and only the weights are
-    cast back for the product with V. Why: for the short sequences of translation, torch's CPU
+    q: [.., Tq, Dk], k: [.., Tk, Dk], v: [.., Tk, Dv] -> [.., Tq, Dv]; Dv may differ from Dk (Table 3 row
+    (B)), and the scale is read from q, as torch's kernels read it. On CPU it is computed as
+    softmax(Q K^T / sqrt(Dk)) V with two batched matmuls; the scores and the softmax are float32 (float64
+    for float64 inputs), as in torch's fused kernels, and only the weights are cast back for the product
+    with V. Why: for the short sequences of translation, torch's CPU
     flash-attention kernel is slower, most of all in bf16 training (float32 about level) and for the one or
     few queries of a decoding step (docs/BENCHMARKS.md, 'Where our speed comes from'). The scores
     [.., Tq, Tk] are materialised, which is fine at sentence lengths. GPUs keep the fused kernels (flash /
@@ -260,7 +262,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
         attn_mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril()
     if attn_mask is not None:
         scores = scores.masked_fill(~attn_mask, float("-inf"))
-    return torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)  # [.., Tq, Dh]
+    return torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)  # [.., Tq, Dv]
 
 
 def keep_freed_memory() -> bool:

@@ -2,8 +2,8 @@
 
 After the config, the sections follow the paper's: the model of Figure 1 (§3), which also holds §3.4 (its
 one embedding matrix serves source, target and the pre-softmax projection); §3.1 encoder and decoder
-stacks; §3.2 attention; §3.3 feed-forward; §3.5 positional encoding. Last comes what only incremental
-decoding (search) uses: the decoder cache.
+stacks; §3.2 attention; §3.3 feed-forward; §3.5 positional encoding (the sinusoids, and the learned
+positions of Table 3 row (E)). Last comes what only incremental decoding (search) uses: the decoder cache.
 Every linear map is `Linear` (an `nn.Linear`) or `linear` (`F.linear`), and attention is
 `F.scaled_dot_product_attention`'s maths: transformer/kernels.py only routes CPU work to faster kernels
 (same maths, up to the rounding of sums).
@@ -12,7 +12,9 @@ Axis letters used in shape comments:
     B  batch (sentences, or sentences x beams during search)
     S  source length            T  target length (with a cache: the new positions only)
     L  target positions attended with a decoder cache (past + new)
-    D  model width (d_model)    H  heads    Dh  head width (D / H)
+    D  model width (d_model)    H  heads
+    Dk  query/key width per head (d_k: D / H unless config.d_k is set, Table 3 row (B))
+    Dv  value width per head (d_v = D / H, so that Concat(head_1..head_H) is D wide)
     F  feed-forward width (d_ff)           V  vocabulary size
 
 Mask convention, the only one in this file: a boolean mask is True where a query MAY attend to a key.
@@ -30,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer.config import MODEL_PRESETS, ModelConfig
+from transformer.config import MODEL_PRESETS, ConfigError, ModelConfig
 from transformer.kernels import Linear, linear, scaled_dot_product_attention
 
 
@@ -142,7 +144,8 @@ class Transformer(nn.Module):
             self.register_buffer("logits_bias", torch.zeros(config.target_size))
         else:
             self.logits_bias = None
-        self.positions = SinusoidalPositions(d)
+        self.positions = (LearnedPositions(config.max_positions, d) if config.positions == "learned"
+                          else SinusoidalPositions(d))
         self.embed_dropout = nn.Dropout(config.dropout)
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
@@ -153,7 +156,8 @@ class Transformer(nn.Module):
         return self.embedding if self.target_embedding is None else self.target_embedding
 
     def embed(self, tokens: Tensor, start: int = 0, *, target: bool = False) -> Tensor:
-        """tokens [B, T] at positions start.. -> Dropout(E[tokens] * sqrt(D) + PE) [B, T, D] (§3.4, §3.5, §5.4)."""
+        """tokens [B, T] at positions start.. -> Dropout(E[tokens] * sqrt(D) + PE) [B, T, D] (§3.4, §3.5, §5.4).
+        With learned positions, a position past the table raises a one-line ConfigError (`LearnedPositions`)."""
         x = (self.output_embedding if target else self.embedding)(tokens)
         if self.config.scale_embedding:
             x = x * math.sqrt(self.config.d_model)
@@ -263,7 +267,8 @@ class EncoderLayer(ResidualLayer):
     def __init__(self, config: TransformerConfig):
         super().__init__(config)
         d = config.d_model
-        self.self_attn = SelfAttention(d_model=d, heads=config.heads, bias=config.attention_bias)
+        self.self_attn = SelfAttention(d_model=d, heads=config.heads, d_k=config.key_width,
+                                       bias=config.attention_bias)
         self.self_attn_norm = nn.LayerNorm(d)
         self.ffn = FeedForward(d_model=d, d_ff=config.d_ff, activation=config.activation)
         self.ffn_norm = nn.LayerNorm(d)
@@ -308,9 +313,11 @@ class DecoderLayer(ResidualLayer):
     def __init__(self, config: TransformerConfig):
         super().__init__(config)
         d = config.d_model
-        self.self_attn = SelfAttention(d_model=d, heads=config.heads, bias=config.attention_bias)
+        self.self_attn = SelfAttention(d_model=d, heads=config.heads, d_k=config.key_width,
+                                       bias=config.attention_bias)
         self.self_attn_norm = nn.LayerNorm(d)
-        self.cross_attn = CrossAttention(d_model=d, heads=config.heads, bias=config.attention_bias)
+        self.cross_attn = CrossAttention(d_model=d, heads=config.heads, d_k=config.key_width,
+                                         bias=config.attention_bias)
         self.cross_attn_norm = nn.LayerNorm(d)
         self.ffn = FeedForward(d_model=d, d_ff=config.d_ff, activation=config.activation)
         self.ffn_norm = nn.LayerNorm(d)
@@ -337,7 +344,8 @@ class DecoderLayer(ResidualLayer):
 def attention(q: Tensor, k: Tensor, v: Tensor, *, key_mask: Tensor | None = None, causal: bool = False) -> Tensor:
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (§3.2.1), every head at once.
 
-    q: [B, H, Tq, Dh]; k, v: [B, H, Tk, Dh] -> [B, H, Tq, Dh].
+    q: [B, H, Tq, Dk]; k: [B, H, Tk, Dk]; v: [B, H, Tk, Dv] -> [B, H, Tq, Dv]. The scale is 1/sqrt(Dk), the
+    width of q and k (the kernel reads it from q), whatever the width of v.
     key_mask: [B, Tk] bool, True = a real key (False: padding, never attended).
     causal: the queries are the last Tq of the Tk positions and each sees only keys up to its own
     position (§3.2.3: "prevent leftward information flow"); with Tq = Tk that is the usual triangle.
@@ -360,30 +368,32 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, key_mask: Tensor | None = None
 
 
 def split_heads(x: Tensor, heads: int) -> Tensor:
-    """[B, T, D] -> [B, H, T, Dh]."""
-    b, t, d = x.shape
-    return x.view(b, t, heads, d // heads).transpose(1, 2)  # [B, T, H, Dh] -> [B, H, T, Dh]
+    """[B, T, H * Dh] -> [B, H, T, Dh], Dh being Dk or Dv."""
+    b, t, width = x.shape
+    return x.view(b, t, heads, width // heads).transpose(1, 2)  # [B, T, H, Dh] -> [B, H, T, Dh]
 
 
 def merge_heads(x: Tensor) -> Tensor:
-    """[B, H, T, Dh] -> [B, T, D]: Concat(head_1, ..., head_h)."""
-    b, h, t, dh = x.shape
-    return x.transpose(1, 2).reshape(b, t, h * dh)  # [B, T, H, Dh] -> [B, T, D]
+    """[B, H, T, Dv] -> [B, T, D]: Concat(head_1, ..., head_h)."""
+    b, h, t, dv = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * dv)  # [B, T, H, Dv] -> [B, T, D]
 
 
 class SelfAttention(nn.Module):
     """MultiHead(X) = Concat(head_1, ..., head_h) W^O, head_i = Attention(X W_i^Q, X W_i^K, X W_i^V) (§3.2.2).
 
-    W^Q, W^K, W^V of all heads are one fused bias-free [3D, D] projection; W^O is bias-free too.
+    W^Q, W^K ([H*Dk, D] each) and W^V ([D, D]) of all heads are one fused bias-free projection; W^O is
+    bias-free too. `d_k` (None: D / H) is the width of each head's queries and keys; values stay D / H wide.
     With `bias` (Marian's variant) each projection has a bias, initialised to zero.
     """
 
-    def __init__(self, *, d_model: int, heads: int, bias: bool = False):
+    def __init__(self, *, d_model: int, heads: int, d_k: int | None = None, bias: bool = False):
         super().__init__()
         self.heads = heads
-        self.in_proj = Linear(d_model, 3 * d_model, bias=bias)  # rows: W^Q, W^K, W^V
+        self.widths = [heads * (d_k or d_model // heads)] * 2 + [d_model]  # rows of W^Q, W^K, W^V
+        self.in_proj = Linear(d_model, sum(self.widths), bias=bias)
         self.out_proj = Linear(d_model, d_model, bias=bias)  # W^O
-        for block in self.in_proj.weight.chunk(3):  # each [D, D] gets its own Xavier bounds
+        for block in self.in_proj.weight.split(self.widths):  # each gets its own Xavier bounds
             nn.init.xavier_uniform_(block)
         nn.init.xavier_uniform_(self.out_proj.weight)
         _zero_biases(self.in_proj, self.out_proj)
@@ -395,42 +405,39 @@ class SelfAttention(nn.Module):
         key_mask, causal: as in `attention`. past: earlier positions (incremental decoding); x holds the
         positions that follow them.
         """
-        b, t, d = x.shape
-        qkv = self.in_proj(x).view(b, t, 3, self.heads, d // self.heads)  # [B, T, 3, H, Dh]
+        q, k, v = (split_heads(y, self.heads) for y in self.in_proj(x).split(self.widths, dim=-1))  # [B, H, T, Dk|Dv]
         if past is None:
-            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x [B, H, T, Dh]
             return self.out_proj(merge_heads(attention(q, k, v, key_mask=key_mask, causal=causal))), None
-        q = qkv[:, :, 0].transpose(1, 2)  # [B, H, T, Dh]
-        k = append_positions(past.k, past.rows, qkv[:, :, 1].transpose(0, 1))  # [L, B, H, Dh]
-        v = append_positions(past.v, past.rows, qkv[:, :, 2].transpose(0, 1))
+        k = append_positions(past.k, past.rows, k.permute(2, 0, 1, 3))  # [L, B, H, Dk]
+        v = append_positions(past.v, past.rows, v.permute(2, 0, 1, 3))  # [L, B, H, Dv]
         out = attention(q, k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3), key_mask=key_mask, causal=causal)
         return self.out_proj(merge_heads(out)), PastKV(k, v)
 
 
 class CrossAttention(nn.Module):
     """Encoder-decoder attention (§3.2.3): queries from the decoder, keys and values from the encoder
-    output ("memory"). Bias-free projections: W^Q [D, D], W^K and W^V fused [2D, D], W^O [D, D]; with
-    `bias` (Marian's variant) each has a bias, initialised to zero.
+    output ("memory"). Bias-free projections: W^Q [H*Dk, D], W^K [H*Dk, D] and W^V [D, D] fused, W^O [D, D];
+    with `bias` (Marian's variant) each has a bias, initialised to zero. `d_k` as in `SelfAttention`.
     """
 
-    def __init__(self, *, d_model: int, heads: int, bias: bool = False):
+    def __init__(self, *, d_model: int, heads: int, d_k: int | None = None, bias: bool = False):
         super().__init__()
         self.heads = heads
-        self.q_proj = Linear(d_model, d_model, bias=bias)  # W^Q
-        self.kv_proj = Linear(d_model, 2 * d_model, bias=bias)  # rows: W^K, W^V
+        self.widths = [heads * (d_k or d_model // heads), d_model]  # rows of W^K, W^V
+        self.q_proj = Linear(d_model, self.widths[0], bias=bias)  # W^Q
+        self.kv_proj = Linear(d_model, sum(self.widths), bias=bias)
         self.out_proj = Linear(d_model, d_model, bias=bias)  # W^O
         nn.init.xavier_uniform_(self.q_proj.weight)
-        for block in self.kv_proj.weight.chunk(2):
+        for block in self.kv_proj.weight.split(self.widths):
             nn.init.xavier_uniform_(block)
         nn.init.xavier_uniform_(self.out_proj.weight)
         _zero_biases(self.q_proj, self.kv_proj, self.out_proj)
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """memory [B, S, D] -> keys and values, each [B, H, S, Dh]. Computed once per source sentence."""
-        b, s, d = memory.shape
-        kv = self.kv_proj(memory).view(b, s, 2, self.heads, d // self.heads)  # [B, S, 2, H, Dh]
-        k, v = kv.permute(2, 0, 3, 1, 4).contiguous().unbind(0)  # 2 x [B, H, S, Dh], each read whole by matmuls
-        return k, v
+        """memory [B, S, D] -> keys [B, H, S, Dk] and values [B, H, S, Dv]. Computed once per source sentence."""
+        k, v = self.kv_proj(memory).split(self.widths, dim=-1)  # [B, S, H*Dk], [B, S, D]
+        # contiguous: each is read whole by the matmuls of every decoding step
+        return split_heads(k, self.heads).contiguous(), split_heads(v, self.heads).contiguous()
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor) -> Tensor:
         """x: [B*K, T, D], memory_kv from `memory_kv` of B sources, src_mask [B, S] (True = real token)
@@ -442,9 +449,9 @@ class CrossAttention(nn.Module):
         """
         b, s = src_mask.shape
         rows, t, d = x.shape
-        q = split_heads(self.q_proj(x).view(b, rows // b * t, d), self.heads)  # [B, H, K*T, Dh]
+        q = split_heads(self.q_proj(x).view(b, rows // b * t, -1), self.heads)  # [B, H, K*T, Dk]
         k, v = memory_kv
-        out = attention(q, k, v, key_mask=src_mask)  # [B, H, K*T, Dh]
+        out = attention(q, k, v, key_mask=src_mask)  # [B, H, K*T, Dv]
         return self.out_proj(merge_heads(out).view(rows, t, d))
 
     def weights(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor) -> Tensor:
@@ -456,8 +463,8 @@ class CrossAttention(nn.Module):
         """
         b, s = src_mask.shape
         rows, t, d = x.shape
-        q = split_heads(self.q_proj(x).view(b, rows // b * t, d), self.heads)  # [B, H, K*T, Dh]
-        scores = q.float() @ memory_kv[0].float().transpose(-1, -2) / math.sqrt(d // self.heads)  # [B, H, K*T, S]
+        q = split_heads(self.q_proj(x).view(b, rows // b * t, -1), self.heads)  # [B, H, K*T, Dk]
+        scores = q.float() @ memory_kv[0].float().transpose(-1, -2) / math.sqrt(q.shape[-1])  # [B, H, K*T, S]
         scores = scores.masked_fill(~src_mask[:, None, None, :], float("-inf"))
         weights = scores.softmax(dim=-1).view(b, self.heads, rows // b, t, s)  # [B, H, K, T, S]
         return weights.transpose(1, 2).reshape(rows, self.heads, t, s)  # [B, K, H, T, S] -> [B*K, H, T, S]
@@ -533,12 +540,44 @@ class SinusoidalPositions(nn.Module):
         return sinusoids(length, self.d_model, start=start, dtype=self.table.dtype, device=self.table.device)
 
 
+class LearnedPositions(nn.Module):
+    """Learned positional embeddings, the alternative of §3.5 (Table 3 row (E); Gehring et al. 2017): row p
+    of a trained table [max_positions, D] is added to the embedding at position p, in place of PE(p).
+
+    One table serves the encoder and the decoder, as the one sinusoid function does (fairseq and
+    tensor2tensor keep a table per stack); it is a parameter, in the state_dict as `positions.weight`.
+    Initialised N(0, D^-0.5), as fairseq initialises its learned positions (and we our token embeddings).
+    There is no row past the table: a position >= max_positions raises a one-line ConfigError saying what
+    to change, checked on Python ints before any indexing. A training run's own decode settings are checked
+    against the table when its config is built (config.TrainJob); other settings (e.g. translate.py's
+    decode.* overrides) fail here: when a source of more than max_positions - 1 pieces is encoded, or when a
+    decoding step would read position max_positions (a hypothesis reached max_positions tokens unended).
+    """
+
+    def __init__(self, max_positions: int, d_model: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(max_positions, d_model))
+        nn.init.normal_(self.weight, mean=0.0, std=d_model**-0.5)
+
+    def forward(self, start: int, length: int) -> Tensor:
+        """Positions start .. start+length-1: [length, D]."""
+        rows = self.weight.shape[0]
+        if start + length > rows:
+            raise ConfigError(
+                f"position {start + length - 1} is past the learned position table (model.max_positions={rows}): "
+                f"this model reads at most {rows - 1} source pieces and writes at most {rows - 1} target tokens; "
+                "crop inputs with decode.max_input_len and outputs with decode.max_len_a/max_len_b (training: "
+                "lower data.max_len), or train with a larger model.max_positions")
+        return self.weight[start : start + length]
+
+
 # ----------------------------------------------------------------------------------------------------
 # Incremental decoding: the decoder cache that search's single steps carry
 
 
 class PastKV(NamedTuple):
-    """Self-attention keys and values of the positions decoded so far, time-major: [L, B', H, Dh] each.
+    """Self-attention keys and values of the positions decoded so far, time-major: [L, B', H, Dk] and
+    [L, B', H, Dv].
 
     rows [B] (or None: all B' = B rows in order) says which of them each of the B rows continues: beam
     search's reorder, applied while the next position is appended (one copy of the past, not two).
@@ -550,7 +589,8 @@ class PastKV(NamedTuple):
 
 
 def append_positions(past: Tensor, rows: Tensor | None, new: Tensor) -> Tensor:
-    """past [L, B', H, Dh] (rows [B] of it, or all), then new [T, B, H, Dh] -> a new [L + T, B, H, Dh].
+    """past [L, B', H, Dh] (rows [B] of it, or all), then new [T, B, H, Dh] -> a new [L + T, B, H, Dh]
+    (Dh: Dk for keys, Dv for values).
 
     Without autograd the rows are gathered straight into the result, which time-major order keeps
     contiguous; with autograd (out= is not differentiable) they are gathered, then concatenated.
@@ -577,10 +617,10 @@ class DecoderCache:
     mutated in place, so any cache stays valid and autograd works through it.
     """
 
-    self_k: list[Tensor]  # per layer [L, B*K', H, Dh], L = positions decoded so far (K' = K unless reordered)
-    self_v: list[Tensor]  # per layer [L, B*K', H, Dh]
-    cross_k: list[Tensor]  # per layer [B, H, S, Dh]
-    cross_v: list[Tensor]  # per layer [B, H, S, Dh]
+    self_k: list[Tensor]  # per layer [L, B*K', H, Dk], L = positions decoded so far (K' = K unless reordered)
+    self_v: list[Tensor]  # per layer [L, B*K', H, Dv]
+    cross_k: list[Tensor]  # per layer [B, H, S, Dk]
+    cross_v: list[Tensor]  # per layer [B, H, S, Dv]
     src_mask: Tensor  # [B, S] bool, True = real token
     beams: int = 1  # K, rows per source
     rows: Tensor | None = None  # [B*K] long: the self_k/self_v row each row continues (None: the same row)
@@ -591,11 +631,12 @@ class DecoderCache:
         if not _is_int(beams) or beams < 1:
             raise ValueError(f"beams={beams!r} is invalid: decode at least one row per source")
         cross = [layer.cross_attn.memory_kv(encoder_out.out) for layer in decoder.layers]
-        k = cross[0][0]  # [B, H, S, Dh], in the dtype the projections give (autocast may lower it)
-        no_positions = k.new_empty(0, k.shape[0] * beams, k.shape[1], k.shape[3])  # [0, B*K, H, Dh]
+        k, v = cross[0]  # [B, H, S, Dk], [B, H, S, Dv], in the dtype the projections give (autocast may lower it)
+        no_keys = k.new_empty(0, k.shape[0] * beams, k.shape[1], k.shape[3])  # [0, B*K, H, Dk]
+        no_values = v.new_empty(0, v.shape[0] * beams, v.shape[1], v.shape[3])  # [0, B*K, H, Dv]
         return cls(
-            self_k=[no_positions] * len(cross),
-            self_v=[no_positions] * len(cross),
+            self_k=[no_keys] * len(cross),
+            self_v=[no_values] * len(cross),
             cross_k=[k for k, _ in cross],
             cross_v=[v for _, v in cross],
             src_mask=encoder_out.src_mask,

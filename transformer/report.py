@@ -326,15 +326,22 @@ def write_report(evaluation: Evaluation) -> Path:
     lines += ["## Cross-attention on test sentences", ""]
     if e.model is not None and e.sources is not None:
         src_ids, hyp_ids = e.vocab.encode(e.sources), e.vocab.encode(e.hypotheses)
-        for number, index in enumerate(first_short_pairs(src_ids, hyp_ids, ATTENTION_SENTENCES), start=1):
+        chosen = first_short_pairs(src_ids, hyp_ids, ATTENTION_SENTENCES)
+        if not chosen:
+            empty = sum(not ids for ids in hyp_ids)
+            lines += [f"No figure: no test sentence has a non-empty translation and a source of at most {MAX_PIECES} "
+                      f"pieces ({empty} of {len(hyp_ids)} translations are empty"
+                      + ("; a model this early in training often outputs nothing" if empty else "") + ").", ""]
+        for number, index in enumerate(chosen, start=1):
             name = f"attention-{number}.png"
             save(pair_attention_figure(e.model, e.vocab, src_ids[index], hyp_ids[index],
                                        title=f"Cross-attention, test sentence {index + 1}"), out / name)
             lines += [f"Sentence {index + 1}: {e.sources[index]}  ", f"Translation: {e.hypotheses[index]}", "",
                       f"![Cross-attention of sentence {index + 1}]({name})", ""]
-        lines += ["Each row is the step that outputs a target piece of the model's own translation "
-                  "(teacher-forced, not decoded again); attention that parks on the source's `</s>` is common "
-                  "and carries little information.", ""]
+        if chosen:
+            lines += ["Each row is the step that outputs a target piece of the model's own translation "
+                      "(teacher-forced, not decoded again); attention that parks on the source's `</s>` is common "
+                      "and carries little information.", ""]
     else:
         lines += ["Needs a checkpoint and the source sentences.", ""]
     path = out / "report.md"

@@ -54,6 +54,8 @@ __all__ = [
     "sacrebleu_scores",
     "tok_bleu",
     "tokbleu_tokenize",
+    "lc_bleu",
+    "lc_norm_tok",
     "replace_unicode_punctuation",
     "moses_compound_split",
     "read_lines",
@@ -185,6 +187,44 @@ def tok_bleu(hyps: list[str], refs: list[str], lang: str) -> Score:
 
 
 # ----------------------------------------------------------------------------------------------------
+# lcBLEU: the Multi30k papers' BLEU, against the official lowercased, normalised, tokenised references
+# ----------------------------------------------------------------------------------------------------
+
+# The multimodal MT papers (Multi30k, WMT16-18 multimodal tasks) score lowercased, Moses-normalised and
+# -tokenised text with multi-bleu.perl against the task's official `*.lc.norm.tok.<lang>` references. Those
+# files are the raw references through the task's preprocessing script,
+#     lowercase.perl | normalize-punctuation.perl -l $lang | tokenizer.perl -l $lang   (escaping on, no -a)
+# which `lc_norm_tok` reproduces with sacremoses: test_2016_flickr's German and English files line for line,
+# the French one but for line 694, where the official file has `... neude &quot; .` and sacremoses'
+# French normaliser gives `... neude . &quot;` (tests/test_scoring.py checks all three).
+
+
+@functools.lru_cache(maxsize=8)
+def _moses_normalizer(lang: str) -> sacremoses.MosesPunctNormalizer:
+    return sacremoses.MosesPunctNormalizer(lang=lang)
+
+
+def lc_norm_tok(lines: list[str], lang: str) -> list[str]:
+    """Lowercase, Moses punctuation normalisation, Moses tokenization with escaping: the Multi30k task's
+    preprocessing of its `lc.norm.tok` files."""
+    normalizer, tokenizer = _moses_normalizer(lang), _moses_tokenizer(lang)
+    return [tokenizer.tokenize(normalizer.normalize(line.lower()), escape=True, return_str=True,
+                               aggressive_dash_splits=False) for line in lines]
+
+
+def lc_bleu(hyps: list[str], tokenized_refs: list[str], lang: str) -> Score:
+    """The Multi30k papers' BLEU: detokenized `hyps` lowercased, normalised and tokenised (`lc_norm_tok`),
+    scored with multi-bleu's arithmetic against references that are already so (used as they are)."""
+    _check_pair(hyps, tokenized_refs)
+    score = BLEU(tokenize="none", force=True, smooth_method="none").corpus_score(lc_norm_tok(hyps, lang),
+                                                                               [tokenized_refs])
+    score.name = "lcBLEU"
+    signature = f"case:lc|norm:moses-{lang}|tok:moses-{lang}|ref:tokenized|version:sacremoses-{sacremoses.__version__}"
+    return Score(name="lcBLEU", score=float(score.score), signature=signature,
+                 line=score.format(width=2, signature=signature), details=_bleu_details(score))
+
+
+# ----------------------------------------------------------------------------------------------------
 # Text files and sacreBLEU test sets
 # ----------------------------------------------------------------------------------------------------
 
@@ -283,7 +323,7 @@ def training_flops(params_non_embedding: int, tokens: int) -> float:
 # The row a caller passes: one evaluation of one model. `lang` (the target language) places bleu/tokbleu in
 # Table 2's EN-DE or EN-FR columns; in Table 3 "BLEU (dev)" is tokbleu, the paper's metric.
 ROW_KEYS = ("model", "lang", "bleu", "tokbleu", "ppl", "steps", "params", "gpu_hours", "flops",
-            "N", "d_model", "d_ff", "h", "d_k", "d_v", "p_drop", "eps_ls")
+            "N", "d_model", "d_ff", "h", "d_k", "d_v", "p_drop", "eps_ls", "positions")
 _MISSING = "–"  # an en dash, for a value a run does not have
 
 
@@ -333,6 +373,7 @@ TABLE3_COLUMNS = [
     ("d_v", "d_v", _integer),
     ("P_drop", "p_drop", _general),
     ("ε_ls", "eps_ls", _general),
+    ("positions", "positions", _text),  # sinusoidal (§3.5) | learned: row (E), the paper's free-text cell
     ("train steps", "steps", _integer),
     ("PPL (dev)", "ppl", _fixed(2)),
     ("BLEU (dev)", "tokbleu", _fixed(2)),
@@ -376,7 +417,8 @@ def append_table_row(table_path: str | os.PathLike, row: dict[str, Any], table: 
 
     `row` holds any of ROW_KEYS: model (a name), lang (target language: "de" fills Table 2's EN-DE
     columns, "fr" its EN-FR ones), bleu (sacreBLEU), tokbleu, ppl, steps, params (a count; shown in
-    millions), gpu_hours, flops, and the architecture N, d_model, d_ff, h, d_k, d_v, p_drop, eps_ls.
+    millions), gpu_hours, flops, and the architecture N, d_model, d_ff, h, d_k, d_v, p_drop, eps_ls, positions
+    (sinusoidal | learned).
     Numbers are formatted per column; a missing key or None shows "–"; an unknown key is an error.
     Creates the file with both tables when absent; the write is atomic.
     """

@@ -157,10 +157,9 @@ class Translator:
         """From a run directory, a .pt file, or a list of them (an ensemble sharing one vocabulary).
 
         `device`: auto (cuda if available, else cpu), cpu, cuda or cuda:N. The search settings are `decode`
-        (default: the paper's, `DecodeConfig()`) with `settings` (its fields: beam=, lenpen=, nbest=, ...)
-        replacing some of them.
+        (default: the run's own, `run_decode`: those its validation BLEU and end-of-training test used) with
+        `settings` (its fields: beam=, lenpen=, nbest=, ...) replacing some of them.
         """
-        decode = _with_settings(DecodeConfig() if decode is None else decode, settings)
         device = pick_device(str(device))
         names = list(checkpoint) if isinstance(checkpoint, (list, tuple)) else [checkpoint]
         if not names:
@@ -189,6 +188,7 @@ class Translator:
             records[-1]["params"] = sum(t.numel() for t in state["model"].values())
             log.info("loaded %s (update %s)", path, state.get("step"))
         del states  # the weights are in the models now; the Adam moments of last.pt are not kept
+        decode = _with_settings(run_decode(records[0]) if decode is None else decode, settings)
         data_cfg = (records[0].get("config") or {}).get("data", {})
         return cls(model=models[0] if len(models) == 1 else Ensemble(models), vocab=vocab, decode=decode,
                    src_lang=data_cfg.get("src_lang"), tgt_lang=data_cfg.get("tgt_lang"), device=device,
@@ -198,7 +198,7 @@ class Translator:
     def from_state(cls, state: dict, device: torch.device | str = "cpu", *, name: str = "checkpoint",
                    decode: DecodeConfig | None = None) -> Translator:
         """From a checkpoint dict already in memory, e.g. `checkpoint.average(...)` made on the fly; `name`
-        stands for its path in error messages."""
+        stands for its path in error messages; `decode` as for `load` (default: the run's own)."""
         try:
             vocab = load_vocab(ckpt.spm_bytes(state))
         except (ckpt.CheckpointError, DataError) as error:
@@ -208,7 +208,7 @@ class Translator:
         record["params"] = sum(t.numel() for t in state["model"].values())
         data_cfg = (record.get("config") or {}).get("data", {})
         return cls(model=_model_of(state, name, vocab.size).to(device).eval(), vocab=vocab,
-                   decode=DecodeConfig() if decode is None else decode, src_lang=data_cfg.get("src_lang"),
+                   decode=run_decode(record) if decode is None else decode, src_lang=data_cfg.get("src_lang"),
                    tgt_lang=data_cfg.get("tgt_lang"), device=torch.device(device), checkpoints=[record])
 
     def with_decode(self, **settings) -> Translator:
@@ -250,6 +250,18 @@ class Translator:
             detok = [" ".join(text.splitlines()) for text in self.vocab.decode([h.tokens for h in row])]
             out.append([Translation(text=text, score=h.score) for text, h in zip(detok, row)])
         return out
+
+
+def run_decode(record: dict) -> DecodeConfig:
+    """The search settings a checkpoint's run was trained with (its `decode.*` config: what its validation BLEU
+    and end-of-training test translation used), completed with the paper's for keys it lacks; the paper's
+    (`DecodeConfig()`) for a checkpoint without a run config (e.g. an imported Marian model).
+
+    A run's own evaluation then decodes as the run did: `python evaluate.py checkpoint=RUN ...` scores the
+    same hypotheses as the end-of-training test, unless decode.* keys say otherwise."""
+    saved = (record.get("config") or {}).get("decode") or {}
+    fields = {f.name for f in dataclasses.fields(DecodeConfig)}
+    return DecodeConfig(**{key: value for key, value in saved.items() if key in fields})
 
 
 def _with_settings(decode: DecodeConfig, settings: dict) -> DecodeConfig:
