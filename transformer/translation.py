@@ -160,6 +160,7 @@ class Translator:
         (default: the run's own, `run_decode`: those its validation BLEU and end-of-training test used) with
         `settings` (its fields: beam=, lenpen=, nbest=, ...) replacing some of them.
         """
+        _with_settings(DecodeConfig() if decode is None else decode, settings)  # a bad setting fails before any read
         device = pick_device(str(device))
         names = list(checkpoint) if isinstance(checkpoint, (list, tuple)) else [checkpoint]
         if not names:
