@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 from transformer import checkpoint as ckpt
 from transformer.checkpoint import TrainState
 from transformer.cli import ConfigError, compose_config, decode_request, hydra_app, pick_device, setup_logging
-from transformer.config import EvaluateJob, to_job
+from transformer.config import EvaluateJob, model_config_with_defaults, to_job
 from transformer.kernels import keep_freed_memory
 from transformer.report import Evaluation, write_report
 from transformer.search import Ensemble
@@ -298,8 +298,6 @@ def table_row(job: EvaluateJob, results: dict, record: dict | None, run_dir: Pat
     row = {"model": name, "lang": lang, "bleu": scores["BLEU"]["score"], "tokbleu": scores["tokBLEU"]["score"],
            "ppl": results.get("ppl")}
     if record is not None:
-        from transformer.config import model_config_with_defaults
-
         m = model_config_with_defaults(record["model_config"])  # a record from before d_k or positions existed
         state = TrainState.read(record)
         train_cfg = (record.get("config") or {}).get("train", {})
