@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from conftest import ROOT
+from test_model import padded, tiny_model  # the same tiny model and token rows
 
 if str(ROOT) not in sys.path:  # evaluate.py, an entry script of the checkout
     sys.path.insert(0, str(ROOT))
@@ -29,37 +30,11 @@ from transformer.training import differences
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
-VOCAB = 40
 TOL = 1e-5
 
 
-def tiny_model(seed: int = 0, **overrides) -> Transformer:
-    torch.manual_seed(seed)
-    shape = dict(vocab_size=VOCAB, d_model=32, heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0)
-    model = Transformer(TransformerConfig(**{**shape, **overrides}))
-    with torch.no_grad():  # LayerNorms start as the identity: make them count in the comparisons
-        for module in model.modules():
-            if isinstance(module, nn.LayerNorm):
-                module.weight.uniform_(0.5, 1.5)
-                module.bias.uniform_(-0.5, 0.5)
-    return model.eval()
-
-
-def tokens(lengths: list[int], *, first: int | None = None, last: int | None = None, seed: int = 1) -> torch.Tensor:
-    """Rows of random ordinary tokens of these lengths, right-padded with PAD; optionally BOS-first or EOS-last."""
-    g = torch.Generator().manual_seed(seed)
-    rows = torch.full((len(lengths), max(lengths)), PAD)
-    for i, n in enumerate(lengths):
-        rows[i, :n] = torch.randint(4, VOCAB, (n,), generator=g)
-        if first is not None:
-            rows[i, 0] = first
-        if last is not None:
-            rows[i, n - 1] = last
-    return rows
-
-
 def batch() -> tuple[torch.Tensor, torch.Tensor]:
-    return tokens([7, 4, 1, 6], last=EOS), tokens([6, 3, 5, 1], first=BOS, seed=2)
+    return padded([7, 4, 1, 6], last=EOS), padded([6, 3, 5, 1], first=BOS, seed=2)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -168,7 +143,7 @@ def test_beams_decoding_matches_full_forward_after_reorder_for_the_table3_varian
     src, _ = batch()
     b, k, steps = src.shape[0], 3, 6
     encoder_out = model.encode(src)
-    feed = tokens([steps] * (b * k), first=BOS, seed=5)
+    feed = padded([steps] * (b * k), first=BOS, seed=5)
     cache, prefix = model.init_cache(encoder_out, beams=k), feed[:, :0]
     for t in range(steps):
         if t in (2, 4):
@@ -202,7 +177,7 @@ def test_learned_positions_replace_the_sinusoids_and_are_trained():
     assert not torch.allclose(table[:7], sinusoidal.positions(0, 7), atol=0.1)
     assert abs(table.std().item() - 32**-0.5) < 0.05  # N(0, D^-0.5), as the token embeddings
     with torch.no_grad():  # what the model adds at position p is row p of the table
-        src = tokens([5], last=EOS)
+        src = padded([5], last=EOS)
         embedded = learned.embed(src)
         assert torch.allclose(embedded[0], learned.embedding(src)[0] * math.sqrt(32) + table[:5])
         assert torch.allclose(learned.embed(src[:, 2:], start=2), embedded[:, 2:])
@@ -220,11 +195,11 @@ def test_learned_positions_replace_the_sinusoids_and_are_trained():
 
 def test_a_position_past_the_learned_table_is_a_one_line_config_error_not_an_index_error():
     model = tiny_model(positions="learned", max_positions=8)
-    src, tgt_in = tokens([8], last=EOS), tokens([8], first=BOS)
+    src, tgt_in = padded([8], last=EOS), padded([8], first=BOS)
     with torch.no_grad():
         model.encode(src[:, :8])  # 7 pieces + EOS: the 8 rows
         with pytest.raises(ConfigError) as error:
-            model.encode(tokens([9], last=EOS))
+            model.encode(padded([9], last=EOS))
         message = str(error.value)
         assert "\n" not in message and "model.max_positions=8" in message and "decode.max_input_len" in message
         encoder_out = model.encode(src)
@@ -232,7 +207,7 @@ def test_a_position_past_the_learned_table_is_a_one_line_config_error_not_an_ind
         with pytest.raises(ConfigError, match="position 8 is past the learned position table"):
             model.decode(tgt_in[:, :1], encoder_out, cache)
     # search meets it when a hypothesis grows past the table (min_len keeps EOS away): the same error
-    short = tokens([4], last=EOS)
+    short = padded([4], last=EOS)
     with pytest.raises(ConfigError, match="decode.max_len_a/max_len_b"):
         greedy_search(model, short, max_len_a=0, max_len_b=20, min_len=20)
     assert len(greedy_search(model, short, max_len_a=0, max_len_b=7, min_len=20)[0][0].tokens) == 7  # 0..7 fit
