@@ -299,14 +299,11 @@ def finish(run: Run, argv: list[str]) -> None:
     log.info("averaged the checkpoints of updates %s into %s", steps, ckpt.averaged_path(run_dir))
     if job.train.test_at_end:
         run.model.load_state_dict(averaged["model"])
-        run.model.eval()
         test = run.data.test.dataset
         log.info("translating the %d test sentences with beam %d", len(test), job.decode.beam)
-        # Text in, text out, as evaluate.py translates the test set (Translator.translate): the same
-        # checkpoint and search settings give the same hypotheses and the same BLEU there.
-        translator = Translator(model=run.model, vocab=run.data.vocab, decode=job.decode, src_lang=job.data.src_lang,
-                                tgt_lang=job.data.tgt_lang, device=run.device, checkpoints=[])
-        texts = translator.translate(test["src"])
+        # Text in, text out, as evaluate.py translates: the same checkpoint gives the same hypotheses there.
+        texts = Translator(model=run.model.eval(), vocab=run.data.vocab, decode=job.decode, src_lang=job.data.src_lang,
+                           tgt_lang=job.data.tgt_lang, device=run.device, checkpoints=[]).translate(test["src"])
         scores = sacrebleu_scores(texts, test["tgt"], lang=job.data.tgt_lang)
         write_results(run_dir / "eval" / "test", texts, {s.name: s.as_dict() for s in scores})
         for score in scores:
