@@ -472,3 +472,46 @@ def test_the_collector_refuses_an_empty_folder_and_a_damaged_record_in_one_line(
     (run / "config.yaml").write_text("model: [1, 2]\n")
     assert table3.main([str(tmp_path / "sweep")]) == 2
     assert "config.yaml is not a run config of train.py" in capsys.readouterr().err
+
+
+def test_the_collector_compares_rows_with_the_folders_own_base_at_another_scale(tmp_path, capsys):
+    small = {"model.d_model": 128, "model.d_ff": 512, "train.max_steps": 1200}
+    fake_run(tmp_path / "small" / "base", "base", **small)
+    fake_run(tmp_path / "small" / "A_h1", "A_h1", **small)
+    fake_run(tmp_path / "small" / "D_drop0", "D_drop0", **small)
+    assert table3.main([str(tmp_path / "small")]) == 0
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in capsys.readouterr().out.splitlines()]
+    assert rows[2][:11] == ["base", "6", "128", "512", "8", "16", "16", "0.1", "0.1", "sinusoidal", "1200"]
+    assert rows[3][:11] == ["A_h1", "", "", "", "1", "128", "128", "", "", "", ""]  # only the row's change
+    assert rows[4][:11] == ["D_drop0", "", "", "", "", "", "", "0", "", "", ""]
+
+
+def small_sweep():
+    """tools/table3_small.py as a module (tools/ is a folder of scripts, not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("table3_small", ROOT / "tools" / "table3_small.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("row, expected", [
+    ("base", []), ("base_seed2", ["seed=2"]), ("A_h1", ["model.heads=1"]), ("A_h32", ["model.heads=32"]),
+    ("B_dk16", ["model.d_k=4"]), ("B_dk32", ["model.d_k=8"]),
+    ("C_N2", ["model.encoder_layers=1", "model.decoder_layers=1"]),
+    ("C_N8", ["model.encoder_layers=4", "model.decoder_layers=4"]),
+    ("C_d256", ["model.d_model=64"]), ("C_dff4096", ["model.d_ff=1024"]),
+    ("D_drop0", ["model.dropout=0.0"]), ("D_ls02", ["train.label_smoothing=0.2"]),
+    ("E_learned", ["model.positions=learned", "decode.max_input_len=973"]),
+    ("big", ["model.d_model=256", "model.heads=16", "model.d_ff=1024", "model.dropout=0.3"]),
+])
+def test_the_small_sweep_applies_each_papers_row_scaled_the_same_way(row, expected):
+    sweep = small_sweep()
+    overrides = sweep.row_overrides(row)
+    assert sorted(overrides) == sorted(expected)
+    job = to_job(compose_config(["experiment=table3_small", *overrides]))
+    base = to_job(compose_config(["experiment=table3_small"]))
+    assert (base.model.d_model, base.model.d_ff, base.model.heads, base.model.encoder_layers) == (128, 512, 8, 3)
+    assert base.model.key_width == 16 and base.train.max_steps == job.train.max_steps  # equal tokens per row
+    if row == "A_h32":
+        assert job.model.key_width == 4  # d_model / h follows the scaled width

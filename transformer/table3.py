@@ -6,8 +6,9 @@ Every run directory below the folder (one holding config.yaml, as train.py write
 runs/table3/<row>/<job number> from a Hydra multirun) is one row, named after its folder. What a row shows
 comes from the run's own records:
 - the changed values: N, d_model, d_ff, h, d_k, d_v, P_drop, ε_ls, positions and train steps (train.max_steps)
-  from run_dir/config.yaml, the resolved job. As in the paper, a cell equal to the base model's value (the
-  defaults of config.ModelConfig and config.TrainConfig) stays empty, except in the row named `base`;
+  from run_dir/config.yaml, the resolved job. As in the paper, a cell equal to the base model's value stays
+  empty, except in the row named `base`. The base model is the folder's row named `base` where it has one (a
+  sweep at another scale, tools/table3_small.py), else the paper's (config.ModelConfig and TrainConfig);
 - the dev scores: PPL, BLEU (tokBLEU, the paper's metric), the parameter count and the step of the evaluated
   checkpoint, from run_dir/eval/<set>/scores.json as `evaluate.py ... split=dev` writes it. <set> is the one
   folder named after newstest2013 (a name holding wmt13 or 2013, evaluate.py's split=auto rule) unless --set
@@ -156,8 +157,9 @@ def _format(value: Any, column: str) -> str:
 
 
 def markdown(rows: list[Row]) -> str:
-    """Table 3's layout: the changed values (empty where a row keeps the base model's), then the dev scores."""
-    base = BASE.cells()
+    """Table 3's layout: the changed values (empty where a row keeps the base model's: the row named `base`,
+    else the paper's), then the dev scores."""
+    base = next((row for row in rows if row.name == "base"), BASE).cells()
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join(" --- " for _ in COLUMNS) + "|"]
     for row in sorted(rows, key=lambda r: _natural(r.name)):
         changed = {column: (_format(value, column) if row.name == "base" or value != base[column] else "")
