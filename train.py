@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
-from torch.utils.tensorboard import SummaryWriter
 
 from data.batching import BatchStream, Prefetcher
 from data.pipeline import Prepared, prepare
 from data.quickstart_corpus import write_corpus
 from transformer import checkpoint as ckpt
 from transformer import distributed, finetune
+from transformer.budget import Budget, another_update_fits, process_age
 from transformer.checkpoint import TrainState
 from transformer.cli import ConfigError, compose_config, hydra_app, pick_device, setup_logging
 from transformer.config import TrainJob, to_job
@@ -37,12 +37,12 @@ from transformer.loss import label_smoothed_nll
 from transformer.model import Transformer, TransformerConfig
 from transformer.report import validation_attention_figure
 from transformer.schedule import make_optimizer, make_scheduler
-from transformer.training import (Run, Start, StopRequest, Window, agree, compile_for_batches, dropout_seed,
+from transformer.training import (EventWriter, Run, Start, StopRequest, Window, agree, compile_for_batches, dropout_seed,
                                   keep_best, log_window, mixed_precision, plan_update, print_summary,
                                   resolve_precision, resolve_run_dir, resume_or_initialise, settle, start_fingerprint,
                                   step_if_finite, user_error, write_run_record)
 from transformer.scoring import sacrebleu_scores
-from transformer.translation import Translator, corpus_nll, split_bleu, write_results
+from transformer.translation import DeadlinePassed, Translator, corpus_nll, split_bleu, write_results
 
 log = logging.getLogger("train")
 
@@ -50,8 +50,9 @@ log = logging.getLogger("train")
 
 
 def build(job: TrainJob, *, dist: distributed.DistInfo, device: torch.device, run_dir: Path, start: Start,
-          data: Prepared) -> Run:
-    """The model (initialised, from init_from, or resumed), its optimizer, schedule, precision and data order."""
+          data: Prepared, started: float) -> Run:
+    """The model (initialised, from init_from, or resumed), its optimizer, schedule, precision and data order;
+    the run's wall clock counts from `started` (time.monotonic()) plus what the resumed checkpoint spent."""
     t, saved = job.train, TrainState.read(start.resume) if start.resume is not None else None
     plan, warning = plan_update(tokens_per_update=t.tokens_per_update, world_size=dist.world_size,
                                 max_tokens=t.max_tokens, update_freq=t.update_freq, saved=saved)
@@ -94,7 +95,8 @@ def build(job: TrainJob, *, dist: distributed.DistInfo, device: torch.device, ru
                batches=Prefetcher(data.train.tokens, device, pad_id=model.config.pad_id,
                                   bos_id=model.config.bos_id, eos_id=model.config.eos_id), model=model,
                train_model=train_model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, autocast=autocast,
-               state=state, writer=SummaryWriter(str(run_dir / "tensorboard")) if dist.is_main else None)
+               state=state, writer=EventWriter(run_dir / "tensorboard") if dist.is_main else None,
+               budget=Budget(spent_before=state.wall_seconds, started=started))
 
 
 # ------------------------------------------------------------------------------------------------ an update
@@ -163,6 +165,7 @@ def train_step(run: Run, window: Window, stop: StopRequest) -> str:
     run.scheduler.step()
     seconds = time.monotonic() - started
     state.train_seconds += seconds
+    run.budget.add_update(seconds)
     window.end_update(losses, global_tokens / world, seconds)
     return "stop" if stopping else "update"
 
@@ -173,15 +176,23 @@ def train_step(run: Run, window: Window, stop: StopRequest) -> str:
 def validate(run: Run) -> dict[str, float]:
     """Loss, NLL and perplexity of the validation split (all ranks), and BLEU of its first
     `train.valid_bleu_lines` lines (rank 0); updates best and stale on every rank, and best.pt."""
+    with run.budget.timing("validation"):
+        metrics = _validate(run)
+    keep_best(run, metrics)
+    return metrics
+
+
+def _validate(run: Run) -> dict[str, float]:
     t, valid, state = run.job.train, run.data.valid.dataset, run.state
     metrics = corpus_nll(run.model, valid["src_ids"], valid["tgt_ids"], max_tokens=t.max_tokens, device=run.device,
                          label_smoothing=t.label_smoothing, autocast=run.autocast, rank=run.dist.rank,
                          world_size=run.dist.world_size)
     if t.valid_bleu_lines > 0 and run.dist.is_main:
-        rows = valid.select(range(min(t.valid_bleu_lines, len(valid))))
+        rows, decoding = valid.select(range(min(t.valid_bleu_lines, len(valid)))), time.monotonic()
         scores, texts = split_bleu(run.model, run.data.vocab, rows["src_ids"], rows["tgt"], run.job.decode,
                                    lang=run.job.data.tgt_lang, device=run.device)
         metrics["bleu"] = next(s.score for s in scores if s.name == "BLEU")
+        run.budget.decode_line = (time.monotonic() - decoding) / len(rows)
         samples = zip(rows["src"][: t.num_samples], texts, rows["tgt"][: t.num_samples])
         run.writer.add_text("valid/samples", "\n\n".join(f"src: {s}  \nhyp: {h}  \nref: {r}"
                                                          for s, h, r in samples), state.step)
@@ -194,7 +205,6 @@ def validate(run: Run) -> dict[str, float]:
                                              step=state.step)
         if figure is not None:
             run.writer.add_figure("valid/attention", figure, state.step, close=False)
-    keep_best(run, metrics)
     return metrics
 
 
@@ -206,8 +216,12 @@ def stop_reason(run: Run) -> str | None:
         return f"max_steps={t.max_steps}"
     if t.max_epochs and run.stream.epoch >= t.max_epochs:
         return f"max_epochs={t.max_epochs}"
-    if t.max_time and run.clock.train_seconds >= t.max_time:
-        return f"max_time={t.max_time}s"
+    if t.max_time:  # the wall clock of the run: would the next update, a validation and the end still fit?
+        this_update = (run.clock.costs.validation if state.step % t.valid_every_steps == 0 else 0.0) + (
+            run.clock.costs.save if state.step % t.save_every_steps == 0 else 0.0)
+        left = t.max_time - run.clock.wall_seconds - run.clock.costs.update  # the clock read before this update
+        if not another_update_fits(left, run.clock.costs, now=this_update):
+            return f"max_time={t.max_time:g}s (wall clock; {max(left, 0):.0f}s left)"
     if t.patience and state.stale >= t.patience:
         return f"no better {t.best_metric} in {state.stale} validations (patience)"
     return None
@@ -216,7 +230,7 @@ def stop_reason(run: Run) -> str | None:
 # ----------------------------------------------------------------------------------------------- training
 
 
-def train(cfg: DictConfig, argv: list[str], stop: StopRequest) -> int:
+def train(cfg: DictConfig, argv: list[str], stop: StopRequest, started: float) -> int:
     # 1. Set up: the config, the processes, the device, the run directory.
     job: TrainJob = to_job(cfg)
     setup_logging()
@@ -245,7 +259,7 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest) -> int:
         log.info("data prepared in %s; train with the same command without prepare_only=true", run_dir)
         distributed.cleanup()
         return 0
-    run = build(job, dist=dist, device=device, run_dir=run_dir, start=start, data=data)
+    run = build(job, dist=dist, device=device, run_dir=run_dir, start=start, data=data, started=started)
     del start  # the checkpoint read at start (weights and Adam moments) is in the live objects now
     if dist.is_main:
         write_run_record(run, argv)
@@ -291,9 +305,14 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest) -> int:
 
 def finish(run: Run, argv: list[str]) -> None:
     """Average the last `train.average_last` numbered checkpoints; with train.test_at_end, translate the test
-    split with the averaged model and print sacreBLEU; say where everything is."""
+    split with the averaged model and print sacreBLEU (unless that would overrun train.max_time); say where
+    everything is."""
     run_dir, job = run.run_dir, run.job
     steps = [s for s, _ in ckpt.list_numbered(run_dir)][-job.train.average_last:]
+    if not steps:
+        log.warning("no checkpoint to average or test: the run stopped before its first update")
+        print_summary(job, argv)
+        return
     averaged = ckpt.average([ckpt.numbered_path(run_dir, s) for s in steps])
     ckpt.save(averaged, ckpt.averaged_path(run_dir))
     log.info("averaged the checkpoints of updates %s into %s", steps, ckpt.averaged_path(run_dir))
@@ -302,22 +321,32 @@ def finish(run: Run, argv: list[str]) -> None:
         test = run.data.test.dataset
         log.info("translating the %d test sentences with beam %d", len(test), job.decode.beam)
         # Text in, text out, as evaluate.py translates: the same checkpoint gives the same hypotheses there.
-        texts = Translator(model=run.model.eval(), vocab=run.data.vocab, decode=job.decode, src_lang=job.data.src_lang,
-                           tgt_lang=job.data.tgt_lang, device=run.device, checkpoints=[]).translate(test["src"])
-        scores = sacrebleu_scores(texts, test["tgt"], lang=job.data.tgt_lang)
-        write_results(run_dir / "eval" / "test", texts, {s.name: s.as_dict() for s in scores})
-        for score in scores:
-            print(score.line, flush=True)
-        for src, hyp, ref in list(zip(test["src"], texts, test["tgt"]))[:3]:
-            log.info("example | src: %s | hyp: %s | ref: %s", src, hyp, ref)
+        translator = Translator(model=run.model.eval(), vocab=run.data.vocab, decode=job.decode,
+                                src_lang=job.data.src_lang, tgt_lang=job.data.tgt_lang, device=run.device,
+                                checkpoints=[])
+        deadline = run.budget.deadline(job.train.max_time) if job.train.max_time else None
+        try:
+            texts = translator.translate(test["src"], deadline=deadline)
+        except DeadlinePassed as passed:
+            log.warning("no test BLEU: the test translation would overrun train.max_time=%gs (%s); score "
+                        "averaged.pt with evaluate.py (the next command below)", job.train.max_time, passed)
+        else:
+            scores = sacrebleu_scores(texts, test["tgt"], lang=job.data.tgt_lang)
+            write_results(run_dir / "eval" / "test", texts, {s.name: s.as_dict() for s in scores})
+            for score in scores:
+                print(score.line, flush=True)
+            for src, hyp, ref in list(zip(test["src"], texts, test["tgt"]))[:3]:
+                log.info("example | src: %s | hyp: %s | ref: %s", src, hyp, ref)
     print_summary(job, argv)
 
 
-def run_training(cfg: DictConfig, argv: list[str] | None = None) -> int:
-    """`train` with the stop-signal handlers installed and its failures as one-line errors."""
+def run_training(cfg: DictConfig, argv: list[str] | None = None, started: float | None = None) -> int:
+    """`train` with the stop-signal handlers installed and its failures as one-line errors. The run's wall
+    clock (train.max_time) counts from `started` (time.monotonic()), by default this process's start."""
+    started = time.monotonic() - process_age() if started is None else started
     with StopRequest() as stop:
         try:
-            return train(cfg, sys.argv[1:] if argv is None else argv, stop)
+            return train(cfg, sys.argv[1:] if argv is None else argv, stop, started)
         except Exception as error:
             failure = user_error(error)
             if failure is None:
@@ -326,8 +355,8 @@ def run_training(cfg: DictConfig, argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """In-process entry (tests, notebooks): `main(["experiment=quickstart", ...])`."""
-    return run_training(compose_config(argv), argv)
+    """In-process entry (tests, notebooks): `main(["experiment=quickstart", ...])`; its wall clock starts now."""
+    return run_training(compose_config(argv), argv, started=time.monotonic())
 
 
 if __name__ == "__main__":

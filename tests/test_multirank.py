@@ -312,16 +312,26 @@ def test_patience_on_bleu_stops_every_rank_at_the_same_update(corpus, tmp_path):
 
 
 @pytest.mark.slow
-def test_max_time_stops_every_rank_at_the_same_update(corpus, tmp_path):
-    """The other ranks' clocks run on while rank 0 alone computes BLEU: rank 0's clock decides for all."""
-    status, output = torchrun(tmp_path, corpus.overrides(tmp_path / "run", {
-        "train.max_steps": 100000, "train.max_time": 0.5, "train.valid_every_steps": 1,
-        "train.best_metric": "bleu", "train.valid_bleu_lines": 8, "decode.max_len_b": 10}))
+def test_max_time_is_the_runs_wall_clock_and_every_rank_ends_inside_it(corpus, tmp_path):
+    """Validation after every update (BLEU on rank 0 alone: the other ranks' clocks run on meanwhile),
+    checkpoints, and the end of the run count: both ranks stop at the same update, rank 0's clock decides,
+    and the run ends inside train.max_time plus one update. (Counting updates alone, this run took minutes.)"""
+    budget, launch = 20, 15  # launch: torchrun and the interpreters' imports, before train.main's clock starts
+    run_dir, started = tmp_path / "run", time.monotonic()
+    status, output = torchrun(tmp_path, corpus.overrides(run_dir, {
+        "train.max_steps": 100000, "train.max_time": budget, "train.valid_every_steps": 1,
+        "train.save_every_steps": 5, "train.best_metric": "bleu", "train.valid_bleu_lines": 8,
+        "decode.max_len_b": 10}))
+    elapsed = time.monotonic() - started
 
     assert status == 0, output[-4000:]
     ends = final_updates(output)
     assert len(ends) == 2 and len(set(ends.values())) == 1, output[-4000:]
-    assert "max_time=0.5s" in output
+    assert f"max_time={budget}s (wall clock" in output
+    state = TrainState.read(ckpt.load(ckpt.last_path(run_dir)))
+    update = state.train_seconds / state.step
+    assert state.step >= 5 and budget / 2 <= state.wall_seconds <= budget, (state, output[-2000:])
+    assert elapsed <= budget + launch + update, (elapsed, state, output[-2000:])
 
 
 @pytest.mark.slow

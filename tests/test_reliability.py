@@ -33,7 +33,8 @@ corpus = test_train.corpus  # test_train.py's module-scoped fixture, registered 
 
 # A launcher for train.py that injects one fault on one rank: FAULT=<kind>@<rank>:<update>. The fault fires
 # when that rank starts that update (train.dropout_seed is called once per forward pass with the update
-# number); FAULT_MARK names a file that receives the time it fired.
+# number); FAULT_MARK names a file that receives the time it fired. "sigkill_once" fires only while that file
+# does not exist: the processes torchrun restarts after it run clean.
 FAULTY_TRAIN = textwrap.dedent("""
     import os, signal, sys, time
     sys.path.insert(0, {root!r})
@@ -48,14 +49,15 @@ FAULTY_TRAIN = textwrap.dedent("""
 
     def dropout_seed(seed, step, slot):
         global poisoned
-        if int(os.environ["RANK"]) == rank and step >= update:
+        once = kind == "sigkill_once"
+        if int(os.environ["RANK"]) == rank and step >= update and not (once and os.path.exists(os.environ["FAULT_MARK"])):
             if not poisoned:
                 with open(os.environ["FAULT_MARK"], "w") as f:
                     f.write(repr(time.time()))
             poisoned = True
             if kind == "oom":
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected)")
-            if kind == "sigkill":
+            if kind in ("sigkill", "sigkill_once"):
                 os.kill(os.getpid(), signal.SIGKILL)
             if kind == "hang":
                 while True:
@@ -100,7 +102,8 @@ def kill_tree(process: subprocess.Popen) -> None:
 
 
 def run_with_fault(corpus: Corpus, tmp_path: Path, fault: str, changes: dict | None = None,
-                   env: dict | None = None, until: str | None = None) -> tuple[int | None, str, float]:
+                   env: dict | None = None, until: str | None = None,
+                   launcher: list[str] | None = None) -> tuple[int | None, str, float]:
     """torchrun with two ranks, one of which meets `fault`; returns (exit status, output, seconds from the
     fault to the end of every process). With `until`, the clock stops when that text is printed, and the
     job is then killed (status None)."""
@@ -111,7 +114,7 @@ def run_with_fault(corpus: Corpus, tmp_path: Path, fault: str, changes: dict | N
                                                     **(changes or {})})
     status = None
     with open(log_path, "w") as out:
-        process = subprocess.Popen(torchrun(script, overrides), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+        process = subprocess.Popen(torchrun(script, overrides, launcher=launcher), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                                    env={**subprocess_env(), "FAULT": fault, "FAULT_MARK": str(mark), **(env or {})})
         try:
             deadline = time.monotonic() + 400
@@ -303,6 +306,29 @@ FAILURE_TO_EXIT_S = 20
 
 
 @pytest.mark.slow
+def test_torchrun_restarts_heal_a_killed_rank_and_the_run_ends_as_one_never_killed(corpus, tmp_path):
+    """The elastic launcher (`torchrun --max-restarts 1`): rank 1 is SIGKILLed at update 8, after the
+    checkpoint of update 5; torchrun restarts both ranks with the same command, they resume from that
+    checkpoint by themselves, and the job ends with exit 0 and the weights, Adam state and data position
+    of an uninterrupted run."""
+    changes = {"train.max_steps": 12, "train.save_every_steps": 5}
+    status, output, _ = run_with_fault(corpus, tmp_path, "sigkill_once@1:8", changes,
+                                       launcher=["--standalone", "--max-restarts", "1"])
+    assert status == 0, output[-4000:]
+    assert "failed (exitcode: " in output, output[-4000:]  # torchrun saw the group fail (rank 1's -9, or rank 0's 2) ...
+    assert "checkpoints/last.pt (update 5)" in output, output[-4000:]  # ... and the restarted ranks resumed
+    healed = ckpt.load(ckpt.last_path(tmp_path / "run"))
+
+    whole_dir = tmp_path / "whole"
+    result = subprocess.run(torchrun(ROOT / "train.py", corpus.overrides(whole_dir, {
+        "train.log_every_steps": 1, **changes})), cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
+        timeout=400, check=False)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert healed["step"] == 12
+    assert_training_states_equal(healed, ckpt.load(ckpt.last_path(whole_dir)))
+
+
+@pytest.mark.slow
 def test_rank_killed_mid_run_stops_the_others_within_20_seconds(corpus, tmp_path):
     status, output, seconds = run_with_fault(corpus, tmp_path, "sigkill@1:3")
     assert status != 0
@@ -394,3 +420,51 @@ def test_two_nodes_on_one_machine_match_one_process_with_accumulation(corpus, tm
     assert ddp["step"] == one["step"] == 5 and ddp["data_state"] == one["data_state"]
     worst = max((ddp["model"][name] - one["model"][name]).abs().max().item() for name in one["model"])
     assert worst <= 1e-5
+
+
+def test_a_full_disk_under_tensorboard_costs_its_events_not_the_run(corpus, tmp_path, monkeypatch, capfd):
+    """TensorBoard's writer thread meets ENOSPC: one warning line, no traceback, the run trains to its end
+    and its checkpoints are those of a run without the fault."""
+    from tensorboard.summary.writer import record_writer
+
+    real_write, calls = record_writer.RecordWriter.write, []
+
+    def full_disk(self, data):
+        calls.append(None)
+        if len(calls) > 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(self, data)
+
+    monkeypatch.setattr(record_writer.RecordWriter, "write", full_disk)
+    changes = {"train.max_steps": 6, "train.save_every_steps": 2, "train.valid_every_steps": 2}
+    faulty = run(corpus, tmp_path / "run", changes)
+    monkeypatch.undo()
+    err = capfd.readouterr().err
+    warnings = [line for line in err.splitlines() if "TensorBoard" in line]
+    assert len(warnings) == 1 and os.strerror(errno.ENOSPC) in warnings[0], err[-3000:]
+    assert "Traceback" not in err and "Exception in thread" not in err, err[-3000:]
+    assert len(calls) == 4  # the fault fired at the 4th record, and nothing wrote events after it was reported
+    assert_training_states_equal(faulty, run(corpus, tmp_path / "whole", changes))
+    for step in (2, 4, 6):
+        assert ckpt.load(ckpt.numbered_path(tmp_path / "run", step))["step"] == step
+
+
+def test_a_full_disk_at_the_run_records_stops_in_one_line_with_the_checkpoints_intact(corpus, tmp_path,
+                                                                                      monkeypatch):
+    """A resumed run cannot rewrite config.yaml: one line naming the file and the cause; last.pt unchanged."""
+    run_dir, changes = tmp_path / "run", {"train.max_steps": 2, "train.save_every_steps": 1}
+    before = run(corpus, run_dir, changes)
+    real_replace = os.replace
+
+    def full_disk(src, dst, *args, **kwargs):
+        if str(dst).endswith("config.yaml"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt.os, "replace", full_disk)
+    with pytest.raises(ckpt.CheckpointError) as error:
+        train_main(corpus.overrides(run_dir, {**changes, "train.max_steps": 4}))
+    monkeypatch.undo()
+    message = str(error.value)
+    assert "\n" not in message and "config.yaml" in message and os.strerror(errno.ENOSPC) in message
+    assert_training_states_equal(ckpt.load(ckpt.last_path(run_dir)), before)

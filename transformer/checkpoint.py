@@ -87,7 +87,8 @@ class TrainState:
     step: int = 0  # updates done
     best: float | None = None  # the best validation value of train.best_metric so far
     stale: int = 0  # validations since the best one (train.patience)
-    train_seconds: float = 0.0  # training time, validation and saving excluded (train.max_time)
+    train_seconds: float = 0.0  # training time: updates only, validation and saving excluded (throughput)
+    wall_seconds: float = 0.0  # the run's wall clock up to this checkpoint, all processes (train.max_time)
     train_tokens: int = 0  # target tokens trained on, all ranks together
     nonfinite: int = 0  # updates in a row skipped for a non-finite gradient norm (train.max_nonfinite)
     world_size: int = 1  # of the run that wrote the checkpoint ...

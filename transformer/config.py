@@ -203,7 +203,7 @@ class TrainConfig:
     compile: bool = False
     max_steps: Optional[int] = 100000
     max_epochs: Optional[int] = None
-    max_time: Optional[float] = None  # seconds of training, then save and stop
+    max_time: Optional[float] = None  # the run's wall-clock budget in seconds, all restarts (transformer/budget.py)
     max_nonfinite: int = 10
     save_every_steps: int = 1500
     save_every_minutes: Optional[float] = 10

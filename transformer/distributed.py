@@ -59,8 +59,23 @@ def init_from_env(device_type: str, *, timeout_s: float | None = None) -> DistIn
             backend="nccl" if device_type == "cuda" else "gloo",
             timeout=datetime.timedelta(seconds=timeout_s),
             device_id=torch.device("cuda", local_rank) if device_type == "cuda" else None,
+            **_attempt_store(timeout_s),
         )
     return DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank)
+
+
+def _attempt_store(timeout_s: float) -> dict:
+    """Under torchrun's elastic agent (TORCHELASTIC_USE_AGENT_STORE), the agent's store, with this restart's
+    keys apart: the agent keeps one store across `--max-restarts` restarts, and restarted ranks could
+    otherwise read the failed attempt's addresses ("Gloo connectFullMesh failed ... Connection refused",
+    pytorch/pytorch#167288). Elsewhere: {} (init_process_group's own env:// rendezvous)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], _env_int("MASTER_PORT", 0), _env_int("WORLD_SIZE", 1),
+                          is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+    attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+    return {"store": dist.PrefixStore(f"transformer/attempt-{attempt}", store), "rank": _env_int("RANK", 0),
+            "world_size": _env_int("WORLD_SIZE", 1)}
 
 
 def _env_int(name: str, default: int) -> int:

@@ -15,8 +15,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ from data.pipeline import Prepared
 from data.vocab import MarianVocab, Vocab, load_vocab
 from transformer import checkpoint as ckpt
 from transformer import distributed
+from transformer.budget import Budget, Costs
 from transformer.checkpoint import TrainState
 from transformer.config import ARCH_KEYS, DATA_KEYS, ConfigError, TrainJob, model_config_with_defaults
 from transformer.kernels import warn_if_emulated
@@ -227,28 +229,41 @@ class Clock:
     (train.max_time, train.save_every_minutes) read these, never a rank's own clock: the ranks' clocks drift
     apart while rank 0 alone validates BLEU and writes checkpoints."""
 
-    train_seconds: float = 0.0
+    train_seconds: float = 0.0  # updates only (throughput, training hours)
     since_save: float = 0.0
+    wall_seconds: float = 0.0  # the run's wall clock, all its processes (train.max_time; transformer/budget.py)
+    costs: Costs = Costs()  # rank 0's measured costs of an update, a validation, a save and the end of the run
+
+
+AGREED = ("tokens", "stops", "train_seconds", "since_save", "wall_seconds", *(f.name for f in fields(Costs)))
 
 
 def agree(run: Run, tokens: int, stop_requested: bool) -> torch.Tensor:
-    """The one collective of an update, before its backward passes: [target tokens of all ranks (the loss
-    divisor), stop signals received, rank 0's training seconds, rank 0's seconds since the last save],
-    summed over ranks, a float64 tensor left on the device. The host reads it once, at the end of the
-    update (`settle`), so that the device never waits for the host in between."""
-    main = run.dist.is_main
-    values = torch.tensor([tokens, float(stop_requested), run.state.train_seconds if main else 0.0,
-                           time.monotonic() - run.last_save if main else 0.0], dtype=torch.float64, device=run.device)
-    distributed.all_reduce_sum(values)
-    return values
+    """The one collective of an update, before its backward passes: the target tokens of all ranks (the loss
+    divisor), the stop signals received, and rank 0's clocks and costs (`Clock`), summed over ranks in the
+    order of AGREED, a float64 tensor left on the device. The host reads it once, at the end of the update
+    (`settle`), so that the device never waits for the host in between."""
+    values = dict.fromkeys(AGREED, 0.0)
+    values.update(tokens=tokens, stops=float(stop_requested))
+    if run.dist.is_main:
+        t = run.job.train
+        costs = run.budget.costs(average_last=t.average_last,
+                                 test_lines=len(run.data.test.dataset) if t.test_at_end else 0)
+        values.update(train_seconds=run.state.train_seconds, since_save=time.monotonic() - run.last_save,
+                      wall_seconds=run.budget.spent(), **dataclasses.asdict(costs))
+    tensor = torch.tensor([values[key] for key in AGREED], dtype=torch.float64, device=run.device)
+    distributed.all_reduce_sum(tensor)
+    return tensor
 
 
 def settle(run: Run, agreed: torch.Tensor, finite: torch.Tensor) -> tuple[float, bool, bool]:
     """The update's one host sync: what `agree` summed and whether its gradient norm was finite; brings
     every rank rank 0's `Clock`. Returns (global tokens, stop, finite)."""
-    global_tokens, stops, train_seconds, since_save, is_finite = torch.cat([agreed, finite.double()[None]]).tolist()
-    run.clock = Clock(train_seconds=train_seconds, since_save=since_save)
-    return global_tokens, stops > 0, is_finite > 0
+    *summed, is_finite = torch.cat([agreed, finite.double()[None]]).tolist()
+    values = dict(zip(AGREED, summed))
+    run.clock = Clock(train_seconds=values["train_seconds"], since_save=values["since_save"],
+                      wall_seconds=values["wall_seconds"], costs=Costs(**{f.name: values[f.name] for f in fields(Costs)}))
+    return values["tokens"], values["stops"] > 0, is_finite > 0
 
 
 def step_if_finite(optimizer: torch.optim.Optimizer, finite: torch.Tensor) -> None:
@@ -327,17 +342,20 @@ class Run:
     scaler: torch.amp.GradScaler
     autocast: contextlib.AbstractContextManager
     state: TrainState
-    writer: SummaryWriter | None = None
+    writer: EventWriter | None = None  # rank 0's TensorBoard events
+    budget: Budget | None = None  # the wall clock and measured costs (train.max_time); set at init
     clock: Clock | None = None  # rank 0's clocks as every rank last received them (`settle`); set at init
     last_save: float = 0.0  # time.monotonic() of the last checkpoint (rank 0's is the one that counts)
 
     def __post_init__(self) -> None:
-        self.clock = self.clock or Clock(train_seconds=self.state.train_seconds)
+        self.budget = self.budget or Budget(spent_before=self.state.wall_seconds)
+        self.clock = self.clock or Clock(train_seconds=self.state.train_seconds, wall_seconds=self.budget.spent())
         self.last_save = self.last_save or time.monotonic()
 
     def save(self, path: Path, kind: str = "train") -> None:
         """A training checkpoint of the run as it is now (rank 0 writes; the others skip)."""
         if self.dist.is_main:
+            self.state.wall_seconds = self.budget.spent()
             ckpt.save(ckpt.training_checkpoint(
                 state=self.state, model=self.model, model_config=dataclasses.asdict(self.model.config),
                 spm_model=self.data.vocab.model_proto, config=dataclasses.asdict(self.job),
@@ -346,16 +364,18 @@ class Run:
 
     def save_numbered(self) -> None:
         """step-<N>.pt, then last.pt as the same file, then the oldest beyond train.keep_last removed."""
-        if self.dist.is_main:
-            path = ckpt.numbered_path(self.run_dir, self.state.step)
-            self.save(path)
-            ckpt.crash_point("before-last")  # test-only (see transformer/checkpoint.py)
-            ckpt.link_or_copy(path, ckpt.last_path(self.run_dir))
-            ckpt.prune(self.run_dir, self.job.train.keep_last)
+        with self.budget.timing("save"):
+            if self.dist.is_main:
+                path = ckpt.numbered_path(self.run_dir, self.state.step)
+                self.save(path)
+                ckpt.crash_point("before-last")  # test-only (see transformer/checkpoint.py)
+                ckpt.link_or_copy(path, ckpt.last_path(self.run_dir))
+                ckpt.prune(self.run_dir, self.job.train.keep_last)
         self.last_save = time.monotonic()
 
     def save_last(self) -> None:
-        self.save(ckpt.last_path(self.run_dir))
+        with self.budget.timing("save"):
+            self.save(ckpt.last_path(self.run_dir))
         self.last_save = time.monotonic()
 
 
@@ -424,11 +444,51 @@ def mixed_precision(precision: str, device: torch.device):
 
 
 def write_run_record(run: Run, argv: list[str]) -> None:
-    """run_dir/config.yaml (the resolved job) and provenance.json (where and how it was started)."""
-    OmegaConf.save(OmegaConf.create(dataclasses.asdict(run.job)), run.run_dir / "config.yaml")
+    """run_dir/config.yaml (the resolved job) and provenance.json (where and how it was started), each
+    atomically: a full disk stops the run in one line (CheckpointError) with the old records and every
+    checkpoint intact."""
+    ckpt.atomic_write(run.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(dataclasses.asdict(run.job))),
+                      what="run record")
     record = provenance(world_size=run.dist.world_size, update_freq=run.state.update_freq,
                         max_tokens=run.state.max_tokens, argv=argv, data=run.job.data)
-    ckpt.atomic_write(run.run_dir / "provenance.json", json.dumps(record, indent=2) + "\n")
+    ckpt.atomic_write(run.run_dir / "provenance.json", json.dumps(record, indent=2) + "\n", what="run record")
+
+
+class EventWriter:
+    """TensorBoard's SummaryWriter, whose failures cost the events and never the run: the first OSError of a
+    write, a flush or close (a full disk, a removed directory; TensorBoard writes from a thread of its own
+    and raises its error at the next call) is reported in one warning line, and the run goes on without
+    TensorBoard events. Checkpoints are written apart (a full disk stops the run at the next one)."""
+
+    def __init__(self, log_dir: Path):
+        self._writer: SummaryWriter | None = SummaryWriter(str(log_dir))
+        self._log_dir = log_dir
+        if threading.excepthook is not _quiet_event_thread:  # its thread's traceback: said in one line here
+            _quiet_event_thread.previous = threading.excepthook
+            threading.excepthook = _quiet_event_thread
+
+    def __getattr__(self, name: str):
+        method = getattr(SummaryWriter, name)
+
+        def guarded(*args, **kwargs):
+            if self._writer is None:
+                return None
+            try:
+                return method(self._writer, *args, **kwargs)
+            except OSError as error:
+                self._writer = None
+                log.warning("TensorBoard events stopped: could not write to %s (%s); training goes on without "
+                            "them (free some space: checkpoints stop the run when they cannot be written)",
+                            self._log_dir, error.strerror or error)
+                return None
+        return guarded
+
+
+def _quiet_event_thread(args) -> None:
+    """threading.excepthook: the OSError that ends TensorBoard's writer thread is EventWriter's one line."""
+    if isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_AsyncWriterThread":
+        return
+    _quiet_event_thread.previous(args)
 
 
 def format_seconds(seconds: float) -> str:

@@ -27,6 +27,7 @@ import math
 import os
 import select
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator, Sequence
@@ -77,23 +78,32 @@ def pad_rows(rows: Iterable[Sequence[int]], pad_id: int, device: torch.device | 
     return out.to(device)
 
 
+class DeadlinePassed(Exception):
+    """`translate_ids` reached its deadline (a time.monotonic() value) before its last batch."""
+
+
 @torch.inference_mode()
 def translate_ids(model: Seq2Seq, sources: Sequence[Sequence[int]], decode: DecodeConfig, *,
-                  device: torch.device | str = "cpu", progress=None) -> list[list[Hypothesis]]:
+                  device: torch.device | str = "cpu", progress=None,
+                  deadline: float | None = None) -> list[list[Hypothesis]]:
     """Search every source (pieces without EOS) and return its `decode.nbest` hypotheses, in input order.
 
     An empty source yields no search and an empty hypothesis (score 0): translating nothing gives nothing.
+    With a `deadline`, a batch that would start after it raises DeadlinePassed instead (the batches are
+    those of a call without one, so a translation that finishes is the same).
     """
     config = model.config
     results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0)] * decode.nbest for _ in sources]
     todo = [i for i, src in enumerate(sources) if len(src) > 0]
-    lengths = [len(sources[i]) + 1 for i in todo]
+    lengths, done = [len(sources[i]) + 1 for i in todo], 0
     if decode.precision == "bf16":
         kernels.warn_if_emulated("bf16", torch.device(device).type)
         model = bfloat16_copy(model)
     limits = {"max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b, "min_len": decode.min_len,
               "lenpen": decode.lenpen, "lenpen_style": decode.lenpen_style}
     for batch in length_sorted_batches(lengths, decode.max_tokens):
+        if deadline is not None and time.monotonic() >= deadline:
+            raise DeadlinePassed(f"{len(todo) - done} of {len(todo)} lines were not translated by the deadline")
         indices = [todo[j] for j in batch]
         src = pad_rows((list(sources[i]) + [config.eos_id] for i in indices), config.pad_id, device)
         if decode.beam == 1 and decode.lenpen == 0:  # the same result as beam_search, without the beam bookkeeping
@@ -102,6 +112,7 @@ def translate_ids(model: Seq2Seq, sources: Sequence[Sequence[int]], decode: Deco
             hyps = beam_search(model, src, beam=decode.beam, nbest=decode.nbest, **limits)
         for i, hyp in zip(indices, hyps):
             results[i] = hyp
+        done += len(indices)
         if progress is not None:
             progress.update(len(indices))
     return results
@@ -216,17 +227,21 @@ class Translator:
         """The same model (shared, not copied) with some search settings replaced, e.g. `with_decode(beam=1)`."""
         return dataclasses.replace(self, decode=_with_settings(self.decode, settings))
 
-    def translate(self, texts: Sequence[str], *, progress: bool = False, source: str = "input") -> list[str]:
-        """The best translation of each text, one line each, in input order."""
-        return [row[0].text for row in self.translate_nbest(texts, progress=progress, source=source)]
+    def translate(self, texts: Sequence[str], *, progress: bool = False, source: str = "input",
+                  deadline: float | None = None) -> list[str]:
+        """The best translation of each text, one line each, in input order (`deadline`: see `translate_nbest`)."""
+        return [row[0].text for row in self.translate_nbest(texts, progress=progress, source=source,
+                                                            deadline=deadline)]
 
     def translate_nbest(self, texts: Sequence[str], nbest: int | None = None, *, progress: bool = False,
-                        source: str = "input", first_line: int = 1) -> list[list[Translation]]:
+                        source: str = "input", first_line: int = 1,
+                        deadline: float | None = None) -> list[list[Translation]]:
         """`nbest` (default: `decode.nbest`) translations of each text with their scores, best first.
 
         A text is one sentence: its whitespace is normalised and a line break inside it is a space. Inputs
         longer than `decode.max_input_len` pieces are cropped, with a warning naming the line (`source` line
-        N, the first text being line `first_line`); `progress` shows a bar on stderr.
+        N, the first text being line `first_line`); `progress` shows a bar on stderr. With a `deadline` (a
+        time.monotonic() value) the search raises DeadlinePassed rather than start a batch after it.
         """
         if isinstance(texts, str):
             raise TypeError("translate takes a list of texts; for one sentence write translate([text])")
@@ -244,7 +259,7 @@ class Translator:
                 ids[index] = row[: decode.max_input_len]
         with tqdm(total=len(ids), desc="translating", unit="line", file=sys.stderr, disable=not progress,
                   mininterval=1.0) as bar:
-            hyps = translate_ids(model, ids, decode, device=self.device, progress=bar)
+            hyps = translate_ids(model, ids, decode, device=self.device, progress=bar, deadline=deadline)
         out = []
         for row in hyps:
             # Byte-fallback pieces can spell a line break; one translation must stay one output line.

@@ -1,0 +1,93 @@
+"""`train.max_time`, the run's wall-clock budget: what the run has spent, all its processes together, and
+what its next pieces of work will cost.
+
+A scheduler's allocation is wall-clock, so the budget counts everything a run does: start-up, updates,
+validation, checkpoints, the averaging and test translation at the end, and every earlier process of the
+run up to its last checkpoint (`TrainState.wall_seconds`; time after a process's last checkpoint is lost
+with it, as in fairseq's cumulative training time). fairseq's `--stop-time-hours` and Sockeye's
+`--max-seconds` count the same way but check after an update or a checkpoint, so they overrun by one. This
+run stops *before* work that would not fit: train.py continues past an update only while the next update,
+a validation, the last checkpoint and the end of the run still fit (`another_update_fits`), each priced by
+its latest measured duration in this process (`Costs`; 0 until it has been measured once). The end of the
+run also holds a deadline: a test translation that would overrun it stops and is reported, not finished.
+
+The pure training clock (`TrainState.train_seconds`: updates only) is a different figure: the throughput
+and the "training hours" of the tables use it, never this budget.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def process_age() -> float:
+    """Seconds since this process started (Linux /proc; 0.0 where it cannot be read: counted from now)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))  # field 22: starttime, in ticks
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds that each kind of work took in this process (rank 0's figures decide for every rank)."""
+
+    update: float = 0.0  # the slowest of the recent updates
+    validation: float = 0.0  # the latest validation (loss, BLEU, figures)
+    save: float = 0.0  # the latest checkpoint write
+    finish: float = 0.0  # the end of the run: averaging and the test translation, as priced by `Budget.finish_cost`
+
+
+def another_update_fits(left: float, costs: Costs, *, now: float) -> bool:
+    """Whether a run with `left` seconds of budget, about to spend `now` seconds on this update's own
+    validation and checkpoint, can afford one more update and still validate, save and finish after it."""
+    return left - now >= costs.update + costs.validation + costs.save + costs.finish
+
+
+@dataclass
+class Budget:
+    """The run's wall clock: `spent_before` seconds of earlier processes (from the checkpoint) plus this
+    process since `started` (a time.monotonic() value: the process's start for train.py), and the durations
+    measured so far."""
+
+    spent_before: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+    validation: float = 0.0
+    save: float = 0.0
+    decode_line: float = 0.0  # seconds per translated line at the latest BLEU validation (0: none yet)
+    updates: collections.deque = field(default_factory=lambda: collections.deque(maxlen=20))
+
+    def spent(self) -> float:
+        return self.spent_before + time.monotonic() - self.started
+
+    def deadline(self, max_time: float) -> float:
+        """The time.monotonic() value at which the run will have spent `max_time` seconds."""
+        return self.started - self.spent_before + max_time
+
+    def add_update(self, seconds: float) -> None:
+        self.updates.append(seconds)
+
+    @contextlib.contextmanager
+    def timing(self, kind: str):
+        """Times the block as the latest `kind` ("validation" or "save")."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            setattr(self, kind, time.monotonic() - started)
+
+    def finish_cost(self, *, average_last: int, test_lines: int) -> float:
+        """The end of the run: averaging reads `average_last` checkpoints and writes one (each about a
+        checkpoint write), and the test translation at the latest measured seconds per line."""
+        return self.save * (average_last + 1) + self.decode_line * test_lines
+
+    def costs(self, *, average_last: int, test_lines: int) -> Costs:
+        return Costs(update=max(self.updates, default=0.0), validation=self.validation, save=self.save,
+                     finish=self.finish_cost(average_last=average_last, test_lines=test_lines))
