@@ -260,14 +260,26 @@ class DecodeConfig:
     max_input_len: int = 1024  # longer inputs are cropped (with a warning)
     max_tokens: int = 8000  # source tokens per decoding batch
     precision: str = "fp32"  # fp32 | bf16 (a bfloat16 copy of the weights; search scores in float32)
+    # Sampling instead of search (back-translation, Edunov et al. 2018; search.sample_search): nbest samples a
+    # sentence, each token drawn from softmax(log p / temperature) cut to the top-k tokens (0: all) and then to
+    # the nucleus of mass top-p (1.0: all); a sample depends on (seed, the line's number, its rank) alone.
+    sampling: bool = False
+    sampling_topk: int = 0
+    sampling_topp: float = 1.0
+    temperature: float = 1.0
+    seed: int = 1
 
     def __post_init__(self) -> None:
         _one_of("decode.lenpen_style", self.lenpen_style, ("gnmt", "power"))
         for key in ("beam", "nbest", "max_input_len", "max_tokens"):
             _require(getattr(self, key) > 0, f"decode.{key}={getattr(self, key)} must be a positive integer")
-        for key in ("lenpen", "max_len_a", "max_len_b", "min_len"):
+        for key in ("lenpen", "max_len_a", "max_len_b", "min_len", "sampling_topk"):
             _require(getattr(self, key) >= 0, f"decode.{key}={getattr(self, key)!r} must be >= 0")
-        _require(self.nbest <= self.beam, f"decode.nbest={self.nbest} exceeds decode.beam={self.beam}: raise the beam")
+        _require(self.sampling or self.nbest <= self.beam,
+                 f"decode.nbest={self.nbest} exceeds decode.beam={self.beam}: raise the beam")
+        _require(0 < self.sampling_topp <= 1, f"decode.sampling_topp={self.sampling_topp!r} must be in (0, 1]")
+        _require(self.temperature > 0, f"decode.temperature={self.temperature!r} must be positive")
+        _require(isinstance(self.sampling, bool), f"decode.sampling={self.sampling!r} must be true or false")
         _one_of("decode.precision", self.precision, ("fp32", "bf16"))
 
 

@@ -383,3 +383,117 @@ def greedy_search(model: Seq2Seq, src_tokens: torch.Tensor, *, max_len_a: float 
 
     normalised = scores / penalty[lengths + 1]
     return _to_hypotheses(normalised[:, None], tokens[:, None], lengths[:, None])
+
+
+# ------------------------------------------------------------------------------------------- sampling
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2^32 for int64 x in [0, 2^32) and c < 2^32, without int64 overflow (16-bit halves)."""
+    return ((x & 0xFFFF) * c + (((x >> 16) * c) & 0xFFFF) * 65536) & _MASK32
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mix (Wellons' "lowbias32") of int64 values in [0, 2^32): integer arithmetic only, so
+    every device and batch gives the same bits."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def sampling_uniforms(seed: int, sentence_ids: torch.Tensor, samples: int, step: int) -> torch.Tensor:
+    """[B * samples] float64 in (0, 1): the draw of sample k of sentence `sentence_ids[b]` at `step`, a
+    function of (seed, sentence id, k, step) alone: the batch a sentence lands in changes nothing."""
+    ids = sentence_ids.long().repeat_interleave(samples) & _MASK32
+    k = torch.arange(samples, device=ids.device).repeat(sentence_ids.numel())
+    h = _hash32(torch.full_like(ids, seed & _MASK32))
+    for key in (ids, k, torch.full_like(ids, step)):
+        h = _hash32(h ^ key)
+    return (h.double() + 0.5) / 2.0**32
+
+
+def sampling_distribution(log_probs: torch.Tensor, *, topk: int = 0, topp: float = 1.0,
+                          temperature: float = 1.0) -> torch.Tensor:
+    """[N, V] log-probabilities (forbidden tokens at -inf) -> [N, V] float64 probabilities to sample from:
+    softmax(log_probs / temperature) restricted to the `topk` most probable tokens (0: all) and then to the
+    smallest set of most probable tokens whose probability reaches `topp` (1.0: all), renormalised. Ties at
+    the top-k boundary are broken by token id (lower first), as the sort is stable."""
+    probs = torch.softmax(log_probs.double() / temperature, dim=-1)
+    if topk <= 0 and topp >= 1.0:
+        return probs
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
+    keep = torch.ones_like(sorted_probs, dtype=torch.bool)
+    if topk > 0:
+        keep[:, topk:] = False
+    if topp < 1.0:
+        kept = sorted_probs.masked_fill(~keep, 0.0)
+        before = kept.cumsum(dim=-1) - kept  # the mass of the more probable kept tokens
+        keep &= before < topp * kept.sum(dim=-1, keepdim=True)  # up to and including the token that reaches p
+    restricted = torch.zeros_like(probs).scatter(1, order, sorted_probs.masked_fill(~keep, 0.0))
+    return restricted / restricted.sum(dim=-1, keepdim=True)
+
+
+@torch.inference_mode()
+def sample_search(model: Seq2Seq, src_tokens: torch.Tensor, *, samples: int = 1, topk: int = 0, topp: float = 1.0,
+                  temperature: float = 1.0, seed: int = 1, sentence_ids: torch.Tensor | None = None,
+                  max_len_a: float = 1, max_len_b: float = 50, min_len: int = 0, lenpen: float = 0.0,
+                  lenpen_style: str = "gnmt") -> list[list[Hypothesis]]:
+    """src_tokens [B, S] -> for each sentence, `samples` translations drawn from the model, best score first.
+
+    Each step draws the next token of every sample from `sampling_distribution` (temperature, top-k,
+    nucleus top-p; forbidden tokens never, EOS only at the cap, as in the other searches) by inverting its
+    cumulative distribution at `sampling_uniforms`: sample k of the sentence with id `sentence_ids[b]`
+    (default: its row) is a function of (seed, that id, k) and the model alone, whatever else is in the batch.
+    A sample's score is its summed model log-probabilities (untempered, unrestricted, EOS included) divided
+    by the length penalty, as beam search scores. Draws have 32 bits: a token below 2^-32 is never drawn.
+    """
+    _check_options(lenpen_style, min_len, max_len_a, max_len_b)
+    if samples < 1 or temperature <= 0 or topk < 0 or not 0 < topp <= 1:
+        raise ValueError(f"samples >= 1, temperature > 0, topk >= 0 and 0 < topp <= 1 are needed, got "
+                         f"samples={samples}, temperature={temperature}, topk={topk}, topp={topp}")
+    config = model.config
+    device = src_tokens.device
+    B, K = src_tokens.size(0), samples
+    if B == 0:
+        return []
+    ids = torch.arange(B, device=device) if sentence_ids is None else sentence_ids.to(device)
+    caps = _length_caps(src_tokens, config.pad_id, max_len_a, max_len_b).repeat_interleave(K)  # [B*K]
+    L = int(caps.max()) + 1
+    penalty = _penalty_table(L, lenpen, lenpen_style, device)
+
+    with _eval_mode(model), frozen_weights():
+        encoder_out = model.encode(src_tokens)
+        cache = model.init_cache(encoder_out, beams=K)  # row b * K + k: sample k of sentence b
+        scores = torch.zeros(B * K, device=device)
+        tokens = torch.full((B * K, L), config.pad_id, dtype=torch.long, device=device)
+        lengths = torch.zeros(B * K, dtype=torch.long, device=device)
+        finished = torch.zeros(B * K, dtype=torch.bool, device=device)
+        last = torch.full((B * K, 1), config.bos_id, dtype=torch.long, device=device)
+        for t in range(L):
+            logits, cache = model.decode(last, encoder_out, cache)           # [B*K, 1, V]
+            log_probs, eos_log_prob = _next_token_log_probs(model, logits[:, -1], t, min_len)
+            probs = sampling_distribution(log_probs, topk=topk, topp=topp, temperature=temperature)
+            cdf = probs.cumsum(dim=-1)
+            u = sampling_uniforms(seed, ids, K, t)[:, None] * cdf[:, -1:]  # below the total: never past the last token
+            token = torch.searchsorted(cdf, u, right=True)[:, 0]   # the first token whose cdf exceeds u (p > 0)
+            chosen = log_probs.gather(1, token[:, None])[:, 0]
+            at_cap = caps <= t                                               # only EOS may follow
+            chosen, token = torch.where(at_cap, eos_log_prob, chosen), token.masked_fill(at_cap, config.eos_id)
+            scores += chosen.masked_fill(finished, 0.0)
+            token = token.masked_fill(finished, config.pad_id)
+            tokens[:, t] = token
+            ended = ~finished & (token == config.eos_id)
+            lengths = torch.where(ended, t, lengths)
+            finished |= ended
+            if bool(finished.all()):
+                break
+            last = token[:, None]
+
+    normalised = (scores / penalty[lengths + 1]).view(B, K)
+    best = normalised.sort(dim=1, descending=True, stable=True).indices
+    return _to_hypotheses(normalised.gather(1, best), tokens.view(B, K, L).gather(1, best[:, :, None].expand(-1, -1, L)),
+                          lengths.view(B, K).gather(1, best))

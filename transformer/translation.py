@@ -44,7 +44,7 @@ from transformer.config import ConfigError, DecodeConfig
 from transformer.loss import label_smoothed_nll
 from transformer.model import Transformer, TransformerConfig
 from transformer.scoring import Score, package_versions, sacrebleu_scores
-from transformer.search import Ensemble, Hypothesis, Seq2Seq, beam_search, greedy_search
+from transformer.search import Ensemble, Hypothesis, Seq2Seq, beam_search, greedy_search, sample_search
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +84,15 @@ class DeadlinePassed(Exception):
 
 @torch.inference_mode()
 def translate_ids(model: Seq2Seq, sources: Sequence[Sequence[int]], decode: DecodeConfig, *,
-                  device: torch.device | str = "cpu", progress=None,
-                  deadline: float | None = None) -> list[list[Hypothesis]]:
+                  device: torch.device | str = "cpu", progress=None, deadline: float | None = None,
+                  first_id: int = 0) -> list[list[Hypothesis]]:
     """Search every source (pieces without EOS) and return its `decode.nbest` hypotheses, in input order.
 
     An empty source yields no search and an empty hypothesis (score 0): translating nothing gives nothing.
     With a `deadline`, a batch that would start after it raises DeadlinePassed instead (the batches are
-    those of a call without one, so a translation that finishes is the same).
+    those of a call without one, so a translation that finishes is the same). Sampling (decode.sampling)
+    draws source i's samples from its number `first_id + i`, so a line's samples do not depend on the
+    batch or the chunk of input it came in.
     """
     config = model.config
     results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0)] * decode.nbest for _ in sources]
@@ -106,7 +108,11 @@ def translate_ids(model: Seq2Seq, sources: Sequence[Sequence[int]], decode: Deco
             raise DeadlinePassed(f"{len(todo) - done} of {len(todo)} lines were not translated by the deadline")
         indices = [todo[j] for j in batch]
         src = pad_rows((list(sources[i]) + [config.eos_id] for i in indices), config.pad_id, device)
-        if decode.beam == 1 and decode.lenpen == 0:  # the same result as beam_search, without the beam bookkeeping
+        if decode.sampling:  # each line's samples depend on its number in `sources`, not on its batch
+            hyps = sample_search(model, src, samples=decode.nbest, topk=decode.sampling_topk, topp=decode.sampling_topp,
+                                 temperature=decode.temperature, seed=decode.seed,
+                                 sentence_ids=torch.tensor(indices) + first_id, **limits)
+        elif decode.beam == 1 and decode.lenpen == 0:  # the same result as beam_search, without the beam bookkeeping
             hyps = greedy_search(model, src, **limits)
         else:
             hyps = beam_search(model, src, beam=decode.beam, nbest=decode.nbest, **limits)
@@ -259,7 +265,8 @@ class Translator:
                 ids[index] = row[: decode.max_input_len]
         with tqdm(total=len(ids), desc="translating", unit="line", file=sys.stderr, disable=not progress,
                   mininterval=1.0) as bar:
-            hyps = translate_ids(model, ids, decode, device=self.device, progress=bar, deadline=deadline)
+            hyps = translate_ids(model, ids, decode, device=self.device, progress=bar, deadline=deadline,
+                                 first_id=first_line - 1)
         out = []
         for row in hyps:
             # Byte-fallback pieces can spell a line break; one translation must stay one output line.
