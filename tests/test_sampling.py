@@ -15,6 +15,10 @@ from transformer.config import ConfigError, DecodeConfig, to_job
 from transformer.search import sample_search, sampling_distribution, sampling_uniforms
 from transformer.translation import translate_ids
 
+import test_translate_evaluate
+
+disagreeing_checkpoints = test_translate_evaluate.disagreeing_checkpoints  # two untrained models, one vocabulary
+
 SOURCE = torch.tensor([[5, 9, 17, 23, 8, EOS]])
 DRAWS = 6000
 
@@ -140,3 +144,54 @@ def test_the_sampling_preset_composes_and_bad_values_are_one_line_errors():
     for key, value in (("sampling_topp", 0.0), ("temperature", 0), ("sampling_topk", -1)):
         with pytest.raises(ConfigError, match=f"decode.{key}="):
             DecodeConfig(sampling=True, **{key: value})
+
+
+# ---------------------------------------------------------------------------------- noised back-translation
+
+
+def test_noise_deletes_and_fills_a_tenth_each_and_moves_no_word_more_than_three_places():
+    from transformer.noise import noisy
+
+    words = [f"w{i}" for i in range(30)]
+    deleted = filled = total = 0
+    for line in range(400):
+        out = noisy(" ".join(words), seed=1, line=line).split()
+        kept = [w for w in out if w != "<blank>"]
+        total += len(words)
+        filled += out.count("<blank>")
+        deleted += len(words) - len(out)
+        positions = [int(w[1:]) for w in kept]
+        # the kept words keep their order up to local swaps: each within 3 places of its rank among survivors
+        ranks = sorted(positions)
+        assert all(abs(out.index(w) - ranks.index(int(w[1:]))) <= 3 + out.count("<blank>") for w in kept)
+    assert abs(deleted / total - 0.1) < 0.01 and abs(filled / total - 0.09) < 0.01  # fill: 0.1 of the kept 0.9
+
+
+def test_noise_shift_bound_on_a_sentence_without_deletions():
+    from transformer.noise import noisy
+
+    words = [f"w{i}" for i in range(40)]
+    for line in range(200):
+        out = noisy(" ".join(words), seed=3, line=line, delete=0.0, replace=0.0).split()
+        assert sorted(out) == sorted(words)
+        assert max(abs(out.index(w) - i) for i, w in enumerate(words)) <= 3
+    assert noisy("a b c d e f", seed=3, line=5) == noisy("a b c d e f", seed=3, line=5)
+    assert len({noisy("a b c d e f g h", seed=3, line=n) for n in range(20)}) > 10
+    assert noisy("solo", seed=1, line=0, delete=1.0) == "solo"  # never an empty line
+
+
+def test_decode_noise_applies_to_the_translator_output_by_line_number(disagreeing_checkpoints, monkeypatch):
+    from transformer.noise import noisy
+    from transformer.translation import Translator
+
+    plain = Translator.load(disagreeing_checkpoints[0], decode=DecodeConfig(max_len_a=0, max_len_b=12, min_len=8))
+    noised = plain.with_decode(noise=True, seed=4)
+    # An untrained model writes byte pieces, one "word" a line: spell each piece id as a word instead.
+    monkeypatch.setattr(plain.vocab, "decode", lambda rows: [" ".join(map(str, row)) for row in rows])
+    texts = ["the cat sees a dog", "a dog sees the cat", "the small cat sleeps"]
+    clean = plain.translate(texts)
+    assert all(len(line.split()) >= 8 for line in clean)
+    assert noised.translate(texts) == [noisy(t, seed=4, line=i) for i, t in enumerate(clean)]
+    assert noised.translate_nbest(texts[2:], first_line=3)[0][0].text == noisy(clean[2], seed=4, line=2)
+    with pytest.raises(ConfigError, match="decode.noise_filler"):
+        DecodeConfig(noise=True, noise_filler="two words")

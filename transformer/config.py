@@ -268,6 +268,8 @@ class DecodeConfig:
     sampling_topp: float = 1.0
     temperature: float = 1.0
     seed: int = 1
+    noise: bool = False  # noised back-translation (transformer/noise.py): delete, fill and shuffle output words
+    noise_filler: str = "<blank>"
 
     def __post_init__(self) -> None:
         _one_of("decode.lenpen_style", self.lenpen_style, ("gnmt", "power"))
@@ -279,7 +281,10 @@ class DecodeConfig:
                  f"decode.nbest={self.nbest} exceeds decode.beam={self.beam}: raise the beam")
         _require(0 < self.sampling_topp <= 1, f"decode.sampling_topp={self.sampling_topp!r} must be in (0, 1]")
         _require(self.temperature > 0, f"decode.temperature={self.temperature!r} must be positive")
-        _require(isinstance(self.sampling, bool), f"decode.sampling={self.sampling!r} must be true or false")
+        for key in ("sampling", "noise"):
+            _require(isinstance(getattr(self, key), bool), f"decode.{key}={getattr(self, key)!r} must be true or false")
+        _require(bool(self.noise_filler.strip()) and len(self.noise_filler.split()) == 1,
+                 f"decode.noise_filler={self.noise_filler!r} must be one word (e.g. <blank>)")
         _one_of("decode.precision", self.precision, ("fp32", "bf16"))
 
 

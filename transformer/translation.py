@@ -44,6 +44,7 @@ from transformer.config import ConfigError, DecodeConfig
 from transformer.loss import label_smoothed_nll
 from transformer.model import Transformer, TransformerConfig
 from transformer.scoring import Score, package_versions, sacrebleu_scores
+from transformer.noise import noisy
 from transformer.search import Ensemble, Hypothesis, Seq2Seq, beam_search, greedy_search, sample_search
 
 log = logging.getLogger(__name__)
@@ -268,9 +269,12 @@ class Translator:
             hyps = translate_ids(model, ids, decode, device=self.device, progress=bar, deadline=deadline,
                                  first_id=first_line - 1)
         out = []
-        for row in hyps:
+        for index, row in enumerate(hyps):
             # Byte-fallback pieces can spell a line break; one translation must stay one output line.
             detok = [" ".join(text.splitlines()) for text in self.vocab.decode([h.tokens for h in row])]
+            if decode.noise:  # noised back-translation: the noise of a line depends on its number, as sampling
+                detok = [noisy(text, seed=decode.seed, line=first_line - 1 + index, rank=rank,
+                               filler=decode.noise_filler) for rank, text in enumerate(detok)]
             out.append([Translation(text=text, score=h.score) for text, h in zip(detok, row)])
         return out
 
