@@ -96,7 +96,7 @@ def build(job: TrainJob, *, dist: distributed.DistInfo, device: torch.device, ru
                                   bos_id=model.config.bos_id, eos_id=model.config.eos_id), model=model,
                train_model=train_model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, autocast=autocast,
                state=state, writer=EventWriter(run_dir / "tensorboard") if dist.is_main else None,
-               budget=Budget(spent_before=state.wall_seconds, started=started))
+               budget=Budget.resumed(state, started=started))
 
 
 # ------------------------------------------------------------------------------------------------ an update
@@ -217,8 +217,10 @@ def stop_reason(run: Run) -> str | None:
     if t.max_epochs and run.stream.epoch >= t.max_epochs:
         return f"max_epochs={t.max_epochs}"
     if t.max_time:  # the wall clock of the run: would the next update, a validation and the end still fit?
+        saves = state.step % t.save_every_steps == 0 or (
+            t.save_every_minutes and run.clock.since_save >= 60 * t.save_every_minutes)
         this_update = (run.clock.costs.validation if state.step % t.valid_every_steps == 0 else 0.0) + (
-            run.clock.costs.save if state.step % t.save_every_steps == 0 else 0.0)
+            run.clock.costs.save if saves else 0.0)
         left = t.max_time - run.clock.wall_seconds - run.clock.costs.update  # the clock read before this update
         if not another_update_fits(left, run.clock.costs, now=this_update):
             return f"max_time={t.max_time:g}s (wall clock; {max(left, 0):.0f}s left)"

@@ -8,8 +8,12 @@ with it, as in fairseq's cumulative training time). fairseq's `--stop-time-hours
 `--max-seconds` count the same way but check after an update or a checkpoint, so they overrun by one. This
 run stops *before* work that would not fit: train.py continues past an update only while the next update,
 a validation, the last checkpoint and the end of the run still fit (`another_update_fits`), each priced by
-its latest measured duration in this process (`Costs`; 0 until it has been measured once). The end of the
-run also holds a deadline: a test translation that would overrun it stops and is reported, not finished.
+its latest measured duration (`Costs`; carried in every checkpoint, so a resumed run prices its work from its
+first update; 0 in a new run until measured once: set max_time with room for the first validation and save).
+The end of the run also holds a deadline: the test translation stops at the first batch that would start
+after it, and says so. What the budget does not see: the time between a process's last checkpoint and its
+end (lost with a crash), a launcher's restart gap, and the one batch of test translation or one update
+whose measured cost was exceeded.
 
 The pure training clock (`TrainState.train_seconds`: updates only) is a different figure: the throughput
 and the "training hours" of the tables use it, never this budget.
@@ -63,6 +67,21 @@ class Budget:
     save: float = 0.0
     decode_line: float = 0.0  # seconds per translated line at the latest BLEU validation (0: none yet)
     updates: collections.deque = field(default_factory=lambda: collections.deque(maxlen=20))
+
+    @classmethod
+    def resumed(cls, state, started: float) -> Budget:
+        """The budget of a run at `state` (a TrainState): its spent time and the costs its last process measured."""
+        budget = cls(spent_before=state.wall_seconds, started=started, validation=state.validation_seconds,
+                     save=state.save_seconds, decode_line=state.decode_line_seconds)
+        if state.update_seconds:
+            budget.add_update(state.update_seconds)
+        return budget
+
+    def record(self, state) -> None:
+        """Write the spent time and the measured costs into `state` (before a checkpoint)."""
+        state.wall_seconds, state.update_seconds = self.spent(), max(self.updates, default=0.0)
+        state.validation_seconds, state.save_seconds, state.decode_line_seconds = (self.validation, self.save,
+                                                                                   self.decode_line)
 
     def spent(self) -> float:
         return self.spent_before + time.monotonic() - self.started

@@ -89,6 +89,11 @@ class TrainState:
     stale: int = 0  # validations since the best one (train.patience)
     train_seconds: float = 0.0  # training time: updates only, validation and saving excluded (throughput)
     wall_seconds: float = 0.0  # the run's wall clock up to this checkpoint, all processes (train.max_time)
+    # The latest measured costs (transformer/budget.py), so that a resumed run prices its work from the start:
+    update_seconds: float = 0.0  # the slowest recent update
+    validation_seconds: float = 0.0
+    save_seconds: float = 0.0
+    decode_line_seconds: float = 0.0  # per line, at the latest BLEU validation
     train_tokens: int = 0  # target tokens trained on, all ranks together
     nonfinite: int = 0  # updates in a row skipped for a non-finite gradient norm (train.max_nonfinite)
     world_size: int = 1  # of the run that wrote the checkpoint ...
@@ -98,8 +103,13 @@ class TrainState:
 
     @classmethod
     def read(cls, checkpoint: dict) -> TrainState:
-        """The state stored in a loaded checkpoint; keys it lacks (older or averaged ones) keep their defaults."""
-        return cls(**{f.name: checkpoint[f.name] for f in fields(cls) if checkpoint.get(f.name) is not None})
+        """The state stored in a loaded checkpoint; keys it lacks (older or averaged ones) keep their defaults,
+        except wall_seconds, which older checkpoints did not keep: their training time stands for it (what
+        train.max_time counted then), so a resumed run does not get a whole new budget."""
+        state = cls(**{f.name: checkpoint[f.name] for f in fields(cls) if checkpoint.get(f.name) is not None})
+        if checkpoint.get("wall_seconds") is None:
+            state.wall_seconds = state.train_seconds
+        return state
 
 
 def training_checkpoint(*, state: TrainState, model: torch.nn.Module, model_config: dict, spm_model: bytes,

@@ -68,9 +68,13 @@ def _attempt_store(timeout_s: float) -> dict:
     """Under torchrun's elastic agent (TORCHELASTIC_USE_AGENT_STORE), the agent's store, with this restart's
     keys apart: the agent keeps one store across `--max-restarts` restarts, and restarted ranks could
     otherwise read the failed attempt's addresses ("Gloo connectFullMesh failed ... Connection refused",
-    pytorch/pytorch#167288). Elsewhere: {} (init_process_group's own env:// rendezvous)."""
+    pytorch/pytorch#167288). One node only: on several, each node's agent counts only its own workers'
+    failures, so TORCHELASTIC_RESTART_COUNT differs between nodes. Elsewhere: {} (init_process_group's own
+    env:// rendezvous)."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
+    if _env_int("LOCAL_WORLD_SIZE", 0) != _env_int("WORLD_SIZE", 1):
+        return {}  # several nodes: each agent counts its own restarts, so the count is no shared namespace
     store = dist.TCPStore(os.environ["MASTER_ADDR"], _env_int("MASTER_PORT", 0), _env_int("WORLD_SIZE", 1),
                           is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
     attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)

@@ -1,5 +1,5 @@
 """The noise of noised back-translation (Edunov et al. 2018, "Understanding Back-Translation at Scale", §3,
-after Lample et al. 2018): each word of a synthetic source is deleted with probability 0.1, else replaced by a
+after Lample et al. 2018): each word of a synthetic source is deleted with probability 0.1 or replaced by a
 filler token with probability 0.1, and the words are then shuffled locally, no word ending more than three
 positions from where it was (`decode.noise=true`, applied to the translations translate.py writes).
 

@@ -348,14 +348,20 @@ class Run:
     last_save: float = 0.0  # time.monotonic() of the last checkpoint (rank 0's is the one that counts)
 
     def __post_init__(self) -> None:
-        self.budget = self.budget or Budget(spent_before=self.state.wall_seconds)
-        self.clock = self.clock or Clock(train_seconds=self.state.train_seconds, wall_seconds=self.budget.spent())
+        self.budget = self.budget or Budget.resumed(self.state, started=time.monotonic())
+        # Before the first update every rank decides from the checkpoint's figures, the same on every rank.
+        t = self.job.train
+        test_lines = len(self.data.test.dataset) if t.test_at_end and self.data.test is not None else 0
+        self.clock = self.clock or Clock(
+            train_seconds=self.state.train_seconds, wall_seconds=self.state.wall_seconds,
+            costs=Budget.resumed(self.state, started=time.monotonic()).costs(average_last=t.average_last,
+                                                                             test_lines=test_lines))
         self.last_save = self.last_save or time.monotonic()
 
     def save(self, path: Path, kind: str = "train") -> None:
         """A training checkpoint of the run as it is now (rank 0 writes; the others skip)."""
         if self.dist.is_main:
-            self.state.wall_seconds = self.budget.spent()
+            self.budget.record(self.state)
             ckpt.save(ckpt.training_checkpoint(
                 state=self.state, model=self.model, model_config=dataclasses.asdict(self.model.config),
                 spm_model=self.data.vocab.model_proto, config=dataclasses.asdict(self.job),
