@@ -479,11 +479,13 @@ def test_the_collector_compares_rows_with_the_folders_own_base_at_another_scale(
     fake_run(tmp_path / "small" / "base", "base", **small)
     fake_run(tmp_path / "small" / "A_h1", "A_h1", **small)
     fake_run(tmp_path / "small" / "D_drop0", "D_drop0", **small)
+    fake_run(tmp_path / "small" / "base_seed2", "base", seed=2, **small)
     assert table3.main([str(tmp_path / "small")]) == 0
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in capsys.readouterr().out.splitlines()]
     assert rows[2][:11] == ["base", "6", "128", "512", "8", "16", "16", "0.1", "0.1", "sinusoidal", "1200"]
-    assert rows[3][:11] == ["A_h1", "", "", "", "1", "128", "128", "", "", "", ""]  # only the row's change
-    assert rows[4][:11] == ["D_drop0", "", "", "", "", "", "", "0", "", "", ""]
+    assert rows[3][:11] == ["base_seed2"] + [""] * 10  # the base's other seeds next, nothing changed
+    assert rows[4][:11] == ["A_h1", "", "", "", "1", "128", "128", "", "", "", ""]  # only the row's change
+    assert rows[5][:11] == ["D_drop0", "", "", "", "", "", "", "0", "", "", ""]
 
 
 def small_sweep():

@@ -13,7 +13,7 @@ comes from the run's own records:
   checkpoint, from run_dir/eval/<set>/scores.json as `evaluate.py ... split=dev` writes it. <set> is the one
   folder named after newstest2013 (a name holding wmt13 or 2013, evaluate.py's split=auto rule) unless --set
   names it. A run without that file shows "—" there and its parameters counted from its config.
-Rows come base first, big last, the others in natural order (A_h4 before A_h16). The Markdown table goes to
+Rows come base first (then base_<...>, e.g. other seeds), big last, the others in natural order (A_h4 before A_h16). The Markdown table goes to
 stdout (and to --out FILE). A folder without a run, or an unreadable record, is a one-line error (exit 2).
 """
 
@@ -135,9 +135,11 @@ def count_parameters(model: ModelConfig, vocab_size: int | None) -> int | None:
 
 
 def _natural(name: str) -> tuple:
-    """base first, big last, the others with their numbers compared as numbers (A_h4 < A_h16)."""
+    """base (and its other seeds, base_<...>) first, big last, the others with their numbers compared as
+    numbers (A_h4 < A_h16)."""
     parts = tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
-    return ({"base": 0, "big": 2}.get(name, 1), [(isinstance(p, int), p) for p in parts])
+    group = 0 if name == "base" or name.startswith("base_") else 2 if name == "big" else 1
+    return (group, [(isinstance(p, int), p) for p in parts])
 
 
 def _format(value: Any, column: str) -> str:
