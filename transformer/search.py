@@ -1,4 +1,4 @@
-"""Greedy and beam search over a model's `encode` / single-step `decode` (SPEC "Python API").
+"""Greedy search, beam search and sampling over a model's `encode` / single-step `decode` (SPEC "Python API").
 
 The model is reached only through `Seq2Seq` below, which `transformer.model.Transformer` and `Ensemble` both
 satisfy: `config` (special ids, vocab_size), `encode`, `init_cache` (K rows per source, row b * K + k is beam
@@ -342,6 +342,40 @@ def _to_hypotheses(scores: torch.Tensor, tokens: torch.Tensor, lengths: torch.Te
             for sentence_scores, sentence_tokens, sentence_lengths in zip(scores, tokens, lengths)]
 
 
+def _extend_rows(model: Seq2Seq, src_tokens: torch.Tensor, caps: torch.Tensor, L: int, choose, *, min_len: int,
+                 rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The loop of greedy search and sampling: `rows` hypotheses per sentence (row b * rows + k), each
+    extended by the token `choose(log_probs [N, V], step) -> (its log-probability [N], token [N])` picks,
+    EOS at its cap [N]; finished rows stay in the batch, extended with PAD at zero cost. Returns summed
+    log-probabilities [N], tokens [N, L] (PAD after EOS) and lengths [N] (tokens before EOS)."""
+    config = model.config
+    N, device = src_tokens.size(0) * rows, src_tokens.device
+    with _eval_mode(model), frozen_weights():
+        encoder_out = model.encode(src_tokens)
+        cache = model.init_cache(encoder_out, beams=rows)
+        scores = torch.zeros(N, device=device)
+        tokens = torch.full((N, L), config.pad_id, dtype=torch.long, device=device)
+        lengths = torch.zeros(N, dtype=torch.long, device=device)
+        finished = torch.zeros(N, dtype=torch.bool, device=device)
+        last = torch.full((N, 1), config.bos_id, dtype=torch.long, device=device)
+        for t in range(L):
+            logits, cache = model.decode(last, encoder_out, cache)           # [N, 1, V]
+            log_probs, eos_log_prob = _next_token_log_probs(model, logits[:, -1], t, min_len)
+            chosen, token = choose(log_probs, t)
+            at_cap = caps <= t                                               # only EOS may follow
+            chosen, token = torch.where(at_cap, eos_log_prob, chosen), token.masked_fill(at_cap, config.eos_id)
+            scores += chosen.masked_fill(finished, 0.0)
+            token = token.masked_fill(finished, config.pad_id)
+            tokens[:, t] = token
+            ended = ~finished & (token == config.eos_id)
+            lengths = torch.where(ended, t, lengths)
+            finished |= ended
+            if bool(finished.all()):
+                break
+            last = token[:, None]
+    return scores, tokens, lengths
+
+
 @torch.inference_mode()
 def greedy_search(model: Seq2Seq, src_tokens: torch.Tensor, *, max_len_a: float = 1, max_len_b: float = 50,
                   min_len: int = 0, lenpen: float = 0.0, lenpen_style: str = "gnmt") -> list[list[Hypothesis]]:
@@ -357,30 +391,10 @@ def greedy_search(model: Seq2Seq, src_tokens: torch.Tensor, *, max_len_a: float 
     L = int(caps.max()) + 1
     penalty = _penalty_table(L, lenpen, lenpen_style, device)
 
-    with _eval_mode(model), frozen_weights():
-        encoder_out = model.encode(src_tokens)
-        cache = model.init_cache(encoder_out)
-        scores = torch.zeros(B, device=device)
-        tokens = torch.full((B, L), config.pad_id, dtype=torch.long, device=device)
-        lengths = torch.zeros(B, dtype=torch.long, device=device)
-        finished = torch.zeros(B, dtype=torch.bool, device=device)
-        last = torch.full((B, 1), config.bos_id, dtype=torch.long, device=device)
-        for t in range(L):
-            logits, cache = model.decode(last, encoder_out, cache)           # [B, 1, V]
-            log_probs, eos_log_prob = _next_token_log_probs(model, logits[:, -1], t, min_len)
-            best, token = log_probs.max(dim=1)                               # [B], [B]
-            at_cap = caps <= t                                               # only EOS may follow
-            best, token = torch.where(at_cap, eos_log_prob, best), token.masked_fill(at_cap, config.eos_id)
-            scores += best.masked_fill(finished, 0.0)
-            token = token.masked_fill(finished, config.pad_id)
-            tokens[:, t] = token
-            ended = ~finished & (token == config.eos_id)
-            lengths = torch.where(ended, t, lengths)
-            finished |= ended
-            if bool(finished.all()):
-                break
-            last = token[:, None]
+    def most_probable(log_probs: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return log_probs.max(dim=1)                                          # [B], [B]
 
+    scores, tokens, lengths = _extend_rows(model, src_tokens, caps, L, most_probable, min_len=min_len, rows=1)
     normalised = scores / penalty[lengths + 1]
     return _to_hypotheses(normalised[:, None], tokens[:, None], lengths[:, None])
 
@@ -465,34 +479,14 @@ def sample_search(model: Seq2Seq, src_tokens: torch.Tensor, *, samples: int = 1,
     L = int(caps.max()) + 1
     penalty = _penalty_table(L, lenpen, lenpen_style, device)
 
-    with _eval_mode(model), frozen_weights():
-        encoder_out = model.encode(src_tokens)
-        cache = model.init_cache(encoder_out, beams=K)  # row b * K + k: sample k of sentence b
-        scores = torch.zeros(B * K, device=device)
-        tokens = torch.full((B * K, L), config.pad_id, dtype=torch.long, device=device)
-        lengths = torch.zeros(B * K, dtype=torch.long, device=device)
-        finished = torch.zeros(B * K, dtype=torch.bool, device=device)
-        last = torch.full((B * K, 1), config.bos_id, dtype=torch.long, device=device)
-        for t in range(L):
-            logits, cache = model.decode(last, encoder_out, cache)           # [B*K, 1, V]
-            log_probs, eos_log_prob = _next_token_log_probs(model, logits[:, -1], t, min_len)
-            probs = sampling_distribution(log_probs, topk=topk, topp=topp, temperature=temperature)
-            cdf = probs.cumsum(dim=-1)
-            u = sampling_uniforms(seed, ids, K, t)[:, None] * cdf[:, -1:]  # below the total: never past the last token
-            token = torch.searchsorted(cdf, u, right=True)[:, 0]   # the first token whose cdf exceeds u (p > 0)
-            chosen = log_probs.gather(1, token[:, None])[:, 0]
-            at_cap = caps <= t                                               # only EOS may follow
-            chosen, token = torch.where(at_cap, eos_log_prob, chosen), token.masked_fill(at_cap, config.eos_id)
-            scores += chosen.masked_fill(finished, 0.0)
-            token = token.masked_fill(finished, config.pad_id)
-            tokens[:, t] = token
-            ended = ~finished & (token == config.eos_id)
-            lengths = torch.where(ended, t, lengths)
-            finished |= ended
-            if bool(finished.all()):
-                break
-            last = token[:, None]
+    def draw(log_probs: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = sampling_distribution(log_probs, topk=topk, topp=topp, temperature=temperature)
+        cdf = probs.cumsum(dim=-1)
+        u = sampling_uniforms(seed, ids, K, t)[:, None] * cdf[:, -1:]  # below the total: never past the last token
+        token = torch.searchsorted(cdf, u, right=True)[:, 0]           # the first token whose cdf exceeds u (p > 0)
+        return log_probs.gather(1, token[:, None])[:, 0], token
 
+    scores, tokens, lengths = _extend_rows(model, src_tokens, caps, L, draw, min_len=min_len, rows=K)
     normalised = (scores / penalty[lengths + 1]).view(B, K)
     best = normalised.sort(dim=1, descending=True, stable=True).indices
     return _to_hypotheses(normalised.gather(1, best), tokens.view(B, K, L).gather(1, best[:, :, None].expand(-1, -1, L)),
