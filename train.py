@@ -28,7 +28,7 @@ from data.pipeline import Prepared, prepare
 from data.quickstart_corpus import write_corpus
 from transformer import checkpoint as ckpt
 from transformer import distributed, finetune
-from transformer.budget import Budget, another_update_fits, process_age
+from transformer.budget import Budget, out_of_time, process_age
 from transformer.checkpoint import TrainState
 from transformer.cli import ConfigError, compose_config, hydra_app, pick_device, setup_logging
 from transformer.config import TrainJob, to_job
@@ -216,14 +216,8 @@ def stop_reason(run: Run) -> str | None:
         return f"max_steps={t.max_steps}"
     if t.max_epochs and run.stream.epoch >= t.max_epochs:
         return f"max_epochs={t.max_epochs}"
-    if t.max_time:  # the wall clock of the run: would the next update, a validation and the end still fit?
-        saves = state.step % t.save_every_steps == 0 or (
-            t.save_every_minutes and run.clock.since_save >= 60 * t.save_every_minutes)
-        this_update = (run.clock.costs.validation if state.step % t.valid_every_steps == 0 else 0.0) + (
-            run.clock.costs.save if saves else 0.0)
-        left = t.max_time - run.clock.wall_seconds - run.clock.costs.update  # the clock read before this update
-        if not another_update_fits(left, run.clock.costs, now=this_update):
-            return f"max_time={t.max_time:g}s (wall clock; {max(left, 0):.0f}s left)"
+    if t.max_time and (reason := out_of_time(t, state.step, run.clock)):
+        return reason
     if t.patience and state.stale >= t.patience:
         return f"no better {t.best_metric} in {state.stale} validations (patience)"
     return None

@@ -271,10 +271,9 @@ def test_attention_masks_match_explicit_softmax(tq, with_key_mask):
 # Incremental decoding
 
 
-@torch.no_grad()
-def test_cached_decoding_matches_full_forward_at_every_step():
-    model = tiny_model()
-    src, tgt_in = batch()
+def assert_cached_decoding_matches_full_forward(model, src, tgt_in):
+    """Step-by-step decoding with the cache gives the full forward pass's logits at every step; returns the
+    last cache."""
     full = model(src, tgt_in)
     encoder_out = model.encode(src)
     cache = model.init_cache(encoder_out)
@@ -282,6 +281,12 @@ def test_cached_decoding_matches_full_forward_at_every_step():
         logits, cache = model.decode(tgt_in[:, t : t + 1], encoder_out, cache)
         assert cache.length == t + 1
         assert (logits[:, 0] - full[:, t]).abs().max() <= TOL, f"step {t}"
+    return cache
+
+
+@torch.no_grad()
+def test_cached_decoding_matches_full_forward_at_every_step():
+    assert_cached_decoding_matches_full_forward(tiny_model(), *batch())
 
 
 @torch.no_grad()

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from conftest import ROOT
-from test_model import padded, tiny_model  # the same tiny model and token rows
+from test_model import assert_cached_decoding_matches_full_forward, padded, tiny_model  # the same tiny model and token rows
 
 if str(ROOT) not in sys.path:  # evaluate.py, an entry script of the checkout
     sys.path.insert(0, str(ROOT))
@@ -123,14 +123,7 @@ VARIANTS = [dict(d_k=3), dict(d_k=12), dict(positions="learned", max_positions=1
 @torch.no_grad()
 def test_cached_decoding_matches_full_forward_for_the_table3_variants(variant):
     model = tiny_model(**variant)
-    src, tgt_in = batch()
-    full = model(src, tgt_in)
-    encoder_out = model.encode(src)
-    cache = model.init_cache(encoder_out)
-    for t in range(tgt_in.shape[1]):
-        logits, cache = model.decode(tgt_in[:, t : t + 1], encoder_out, cache)
-        assert cache.length == t + 1
-        assert (logits[:, 0] - full[:, t]).abs().max() <= TOL, f"step {t}"
+    cache = assert_cached_decoding_matches_full_forward(model, *batch())
     assert cache.self_k[0].shape[-1] == model.config.key_width and cache.self_v[0].shape[-1] == 8
 
 

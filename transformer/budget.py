@@ -55,6 +55,19 @@ def another_update_fits(left: float, costs: Costs, *, now: float) -> bool:
     return left - now >= costs.update + costs.validation + costs.save + costs.finish
 
 
+def out_of_time(train, step: int, clock) -> str | None:
+    """train.py's max_time rule after update `step`, from rank 0's agreed `clock` (training.Clock): the stop
+    reason when another update would not fit (`another_update_fits`), else None. This update's own
+    validation and save (by step, or save_every_minutes) come first."""
+    saves = step % train.save_every_steps == 0 or (
+        train.save_every_minutes and clock.since_save >= 60 * train.save_every_minutes)
+    now = (clock.costs.validation if step % train.valid_every_steps == 0 else 0.0) + (clock.costs.save if saves else 0.0)
+    left = train.max_time - clock.wall_seconds - clock.costs.update  # the clock was read before this update
+    if another_update_fits(left, clock.costs, now=now):
+        return None
+    return f"max_time={train.max_time:g}s (wall clock; {max(left, 0):.0f}s left)"
+
+
 @dataclass
 class Budget:
     """The run's wall clock: `spent_before` seconds of earlier processes (from the checkpoint) plus this
