@@ -28,7 +28,7 @@ Measured 2026-12-03 on a 2-core Intel Xeon (AVX-512, AMX), one thread, the other
 checkpoints reaches sacreBLEU 26.72, chrF 49.07 on test_2016_flickr (beam 4, α 0.6). `--run-dir
 runs/multi30k-en-de-small` then reads its averaged.pt.
 
-The same weights in four engines, each translating text to text (tokenisation and detokenisation timed):
+The same weights in every engine, each translating text to text (tokenisation and detokenisation timed):
 - ours fp32: `Translator.load(RUN, "cpu").with_decode(beam=4, lenpen=α, lenpen_style="power").translate(lines)`,
   the path of translate.py: its own token batching (at most decode.max_tokens = 8000 source tokens a batch,
   sorted by length, longest first).
@@ -56,10 +56,14 @@ config's `bad_words_ids`, CTranslate2 by `suppress_sequences`); EOS is allowed f
   its cap (an exact search), as generate's `early_stopping="never"` does (its default, False, is a
   heuristic); CTranslate2 has no such rule: it stops once beam × patience hypotheses have ended, and
   patience=4 (its default is 1) is the setting at which its output agrees with ours (tests/test_hf.py).
-- what a batch does with its finished sentences. Ours and generate keep them in the batch, fed padding,
-  until its last sentence ends; CTranslate2 drops them. One hypothesis that runs to its cap therefore keeps a
-  whole batch of ours stepping (up to 8000 source tokens: about 500 Multi30k sentences), of generate 32
-  sentences, of CTranslate2 itself alone. The BLEU column shows whether the model runs away.
+- what a batch does with its finished sentences. Ours drops them once they are a quarter of the batch
+  (search.COMPACT_SHARE) and CTranslate2 drops them; generate keeps them in the batch, fed padding, until
+  its last sentence ends. `ours fp32, rows kept` is our loop before compaction, to show what it gains.
+
+Our variants (`--engines`): `ours fp32` (the default search), `ours fp32, rows kept`, `ours fp32, patience`
+(`decode.stop=patience` at CTranslate2's patience here) and `ours int8` (`decode.precision=int8`). For each,
+a second table gives what its last timed pass computed (search.SearchWork): decoder steps, row-steps
+computed / of open sentences / useful, cap hits, steps per sentence, and milliseconds per computed row-step.
 
 Figures, per engine and thread count (`torch.set_num_threads(n)` for ours and HF, `intra_threads=n,
 inter_threads=1` for CTranslate2): sentences/s, target pieces/s and the wall seconds of translating the whole
@@ -93,11 +97,15 @@ from transformer import checkpoint as ckpt
 from transformer import hf
 from transformer.kernels import keep_freed_memory
 from transformer.scoring import read_lines, sacrebleu_scores
+from transformer import search as search_module
+from transformer.search import SearchWork
 from transformer.translation import Translator
 
 HEADING = "## Decoding real text"
 DEFAULT_TEXT = ROOT.parent.resolve() / "shared" / "data" / "multi30k" / "test_2016_flickr"
 OURS, MARIAN, CT2_FLOAT32, CT2_INT8 = "ours fp32", "Marian generate fp32", "CTranslate2 float32", "CTranslate2 int8"
+OURS_KEPT, OURS_PATIENCE, OURS_INT8 = "ours fp32, rows kept", "ours fp32, patience", "ours int8"
+ENGINES = (OURS, OURS_KEPT, OURS_PATIENCE, OURS_INT8, MARIAN, CT2_FLOAT32, CT2_INT8)
 BEAM = 4
 MAX_LEN_B = 50  # tokens after |source| (the paper's max length: source + 50)
 HF_BATCH = 32  # sentences per generate call
@@ -113,15 +121,26 @@ CPU = torch.device("cpu")
 
 
 class Ours:
-    def __init__(self, translator: Translator, lenpen: float):
-        self.translator = translator
+    """Translator.translate with one search setting (`settings`: DecodeConfig fields); `keep_rows` runs the loop
+    before compaction (finished sentences stay in the batch to its end: search.COMPACT_SHARE above 1)."""
+
+    def __init__(self, translator: Translator, lenpen: float, keep_rows: bool = False, **settings):
+        self.translator = translator.with_decode(**settings) if settings else translator
         self.lenpen = lenpen
+        self.keep_rows = keep_rows
+        self.work: SearchWork | None = None  # what the last pass computed
 
     def translate(self, lines: list[str], *, beam: int, cap: int | None = None) -> list[str]:
         length = {"max_len_a": 1, "max_len_b": MAX_LEN_B} if cap is None else {"max_len_a": 0, "max_len_b": cap}
         search = self.translator.with_decode(beam=beam, lenpen=self.lenpen if beam > 1 else 0.0,
                                              lenpen_style="power", **length)
-        return search.translate(lines)
+        self.work = SearchWork()
+        share = search_module.COMPACT_SHARE
+        search_module.COMPACT_SHARE = 2.0 if self.keep_rows else share  # never reached: no sentence leaves
+        try:
+            return search.translate(lines, work=self.work)
+        finally:
+            search_module.COMPACT_SHARE = share
 
 
 class MarianGenerate:
@@ -176,14 +195,23 @@ class CTranslate2:
         return self.target.decode([result.hypotheses[0] for result in results])
 
 
-def build_engines(translator: Translator, workdir: Path, lenpen: float) -> tuple[Ours, MarianGenerate, dict]:
-    """Ours, the HF model and the CTranslate2 directories (their translators depend on the thread count)."""
+def build_engines(translator: Translator, workdir: Path, lenpen: float, names: list[str]) -> tuple[dict, dict]:
+    """The engines that do not depend on the thread count, and the CTranslate2 directories (whose
+    translators do), for the engines `names`."""
     model, vocab = translator.model, translator.vocab
-    marian = MarianGenerate(hf.export_marian(model, vocab, workdir / "hf", src_lang=translator.src_lang,
-                                             tgt_lang=translator.tgt_lang), lenpen)
-    ct2_dirs = {CT2_FLOAT32: (hf.export_ctranslate2(model, vocab, workdir / "ct2-float32"), "float32"),
-                CT2_INT8: (hf.export_ctranslate2(model, vocab, workdir / "ct2-int8", quantization="int8"), "int8")}
-    return Ours(translator, lenpen), marian, ct2_dirs
+    engines = {OURS: Ours(translator, lenpen), OURS_KEPT: Ours(translator, lenpen, keep_rows=True),
+               OURS_PATIENCE: Ours(translator, lenpen, stop="patience", patience=CT2_PATIENCE),
+               OURS_INT8: Ours(translator, lenpen, precision="int8")}
+    engines = {name: engine for name, engine in engines.items() if name in names}
+    if MARIAN in names:
+        engines[MARIAN] = MarianGenerate(hf.export_marian(model, vocab, workdir / "hf", src_lang=translator.src_lang,
+                                                          tgt_lang=translator.tgt_lang), lenpen)
+    ct2_dirs = {}
+    if CT2_FLOAT32 in names:
+        ct2_dirs[CT2_FLOAT32] = (hf.export_ctranslate2(model, vocab, workdir / "ct2-float32"), "float32")
+    if CT2_INT8 in names:
+        ct2_dirs[CT2_INT8] = (hf.export_ctranslate2(model, vocab, workdir / "ct2-int8", quantization="int8"), "int8")
+    return engines, ct2_dirs
 
 
 def never_emitted(translator: Translator) -> list[str]:
@@ -232,14 +260,29 @@ def percent(count: int, total: int) -> str:
 
 
 def parity_rows(counts: dict[str, dict[int, int]], total: int) -> list[list[str]]:
-    """Rows of the parity table; the float32 peers are held to issue #16's targets, int8 is not."""
+    """Rows of the parity table; the float32 peers and our loop before compaction are held to issue #16's
+    targets; int8 and the patience rule are shown, not held to them (they change the function or the search)."""
     rows = []
     for name, by_beam in counts.items():
-        held = name != CT2_INT8
+        held = name in (MARIAN, CT2_FLOAT32, OURS_KEPT)
         met = by_beam[1] == total and by_beam[BEAM] >= 0.99 * total
         rows.append([name, percent(by_beam[1], total), percent(by_beam[BEAM], total),
                      "all / ≥ 99 %" if held else "", ("met" if met else "missed") if held else ""])
     return rows
+
+
+def quantile(values: list[int], q: float) -> int:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def work_row(name: str, threads: int, seconds: list[float], work: SearchWork) -> list:
+    """A row of the work table: what one pass of an engine of ours computed (search.SearchWork)."""
+    steps = work.sentence_steps
+    return [threads, name, f"{work.steps:,}", f"{work.computed:,}", f"{work.open:,}", f"{work.useful:,}",
+            f"{work.computed / work.useful:.2f}", work.cap_hits,
+            f"{quantile(steps, 0.5)} / {quantile(steps, 0.9)} / {max(steps)}",
+            f"{1000 * median(seconds) / work.computed:.3f}"]
 
 
 def speed_row(name: str, threads: int, seconds: list[float], outputs: dict[str, list[str]], refs: list[str], *,
@@ -251,8 +294,9 @@ def speed_row(name: str, threads: int, seconds: list[float], outputs: dict[str, 
     equal = "—" if name == OURS else percent(same(outputs[name], outputs[OURS]), sentences)
     print(f"{threads} thread(s) {name}: {sentences / wall:,.1f} sentences/s, {pieces / wall:,.0f} pieces/s, "
           f"{wall:.2f} s, BLEU {bleu.score:.2f}  (load {load_average():.1f})", flush=True)
-    return [threads, name, f"{sentences / wall:,.1f}", f"{pieces / wall:,.0f}", f"{wall:.2f}", f"{bleu.score:.2f}",
-            equal], bleu.signature
+    spread = f"{min(seconds):.2f}–{max(seconds):.2f}"
+    return [threads, name, f"{sentences / wall:,.1f}", f"{pieces / wall:,.0f}", f"{wall:.2f}", spread,
+            f"{bleu.score:.2f}", equal], bleu.signature
 
 
 # ------------------------------------------------------------------------------------------ the run
@@ -272,12 +316,13 @@ def run(args) -> str:
     translator = Translator.load(args.run_dir, CPU)
     vocab, lang = translator.vocab, translator.tgt_lang or "de"
     load_before = load_average()
-    rows, parity = [], []
+    rows, parity, work = [], [], []
+    names = list(dict.fromkeys([OURS, *args.engines]))
     with tempfile.TemporaryDirectory() as tmp:
-        ours, marian, ct2_dirs = build_engines(translator, Path(tmp), args.lenpen)
+        fixed, ct2_dirs = build_engines(translator, Path(tmp), args.lenpen, names)
         for threads in args.threads:
             torch.set_num_threads(threads)
-            engines = {OURS: ours, MARIAN: marian}
+            engines = dict(fixed)
             for name, (directory, compute_type) in ct2_dirs.items():
                 engines[name] = CTranslate2(directory, compute_type=compute_type, threads=threads,
                                             lenpen=args.lenpen, suppress=never_emitted(translator))
@@ -288,15 +333,18 @@ def run(args) -> str:
             for name, seconds in times.items():
                 row, bleu_signature = speed_row(name, threads, seconds, outputs, refs, vocab=vocab, lang=lang)
                 rows.append(row)
+                if isinstance(engines[name], Ours):  # its last pass was a timed one over the whole text
+                    work.append(work_row(name, threads, seconds, engines[name].work))
     load_after = load_average()
     torch.set_num_threads(max(args.threads))  # what `machine` names
     facts = {"sentences": len(lines), "source pieces": sum(len(row) for row in vocab.encode(lines)),
              "checkpoint": checkpoint, "bleu signature": bleu_signature,
              "where": f"{machine(CPU)}; {load_remark(load_before, load_after)}"}
-    return section(args, translator, facts, rows=rows, parity=parity)
+    return section(args, translator, facts, rows=rows, parity=parity, work=work)
 
 
-def section(args, translator: Translator, facts: dict, *, rows: list[list], parity: list[list]) -> str:
+def section(args, translator: Translator, facts: dict, *, rows: list[list], parity: list[list],
+            work: list[list]) -> str:
     lines, source_pieces = facts["sentences"], facts["source pieces"]
     smoke = (f"**Smoke run** ({lines} lines, {args.repeats} timed pass): the figures only show that every step "
              "runs. ") if args.smoke else ""
@@ -320,8 +368,16 @@ def section(args, translator: Translator, facts: dict, *, rows: list[list], pari
         f"sorted by length); HF {HF_BATCH} sentences sorted by length; CTranslate2 `max_batch_size={CT2_BATCH}, "
         f"batch_type=\"examples\"` (it sorts by length). Target pieces: each engine's output text in the run's "
         f"SentencePiece pieces. How the engines' searches differ: the docstring of benchmarks/decode_real.py.", "",
-        table(["threads", "engine", "sentences/s", "target pieces/s", "seconds a pass", "sacreBLEU",
-               "same output as ours"], rows), "",
+        table(["threads", "engine", "sentences/s", "target pieces/s", "seconds a pass (median)", "spread",
+               "sacreBLEU", "same output as ours"], rows), "",
+        f"Ours: `{OURS}` is the default search (exact stop rule, finished sentences leave the batch); "
+        f"`{OURS_KEPT}` the loop before compaction (every row to the batch's end); `{OURS_PATIENCE}` "
+        f"`decode.stop=patience decode.patience={CT2_PATIENCE}` (CTranslate2's rule at its setting here); "
+        f"`{OURS_INT8}` `decode.precision=int8`. What one pass computed (search.SearchWork): decoder steps; "
+        "row-steps computed, of open sentences, and useful (up to each sentence's best hypothesis); sentences that "
+        "ran to their length cap; steps per sentence; milliseconds per computed row-step (the median pass).", "",
+        table(["threads", "engine", "decoder steps", "computed row-steps", "open", "useful", "computed / useful",
+               "cap hits", "steps a sentence (median / p90 / max)", "ms per computed row-step"], work), "",
         f"Output parity on the first {min(lines, PARITY_LINES)} lines ({parity_threads}): lines whose output is "
         "the same string as ours, every engine capped at the same length for every sentence (the longest source of "
         f"these lines + {MAX_LEN_B} tokens), so that the searches are defined the same way; with each engine's own "
@@ -349,6 +405,8 @@ def command(args) -> str:
         if args.lines:
             parts += ["--lines", str(args.lines)]
         parts += ["--warmup", str(args.warmup), "--repeats", str(args.repeats)]
+    if list(args.engines) != list(ENGINES):
+        parts += ["--engines", *args.engines]
     if args.lenpen != 1.0:
         parts += ["--lenpen", f"{args.lenpen:g}"]
     if args.write:
@@ -364,6 +422,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts to measure (default 1 2)")
     parser.add_argument("--lines", type=int, default=None, help="only the first N lines")
     parser.add_argument("--lenpen", type=float, default=1.0, help="α of the length penalty |Y|^α (default 1.0)")
+    parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES),
+                        help="engines to measure (default: all; ours fp32 always)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed passes per engine (default 1)")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per engine (default 3)")
     parser.add_argument("--write", type=Path, help="Markdown file whose section to replace")

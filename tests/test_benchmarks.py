@@ -47,10 +47,16 @@ def test_decode_real_smoke_reports_every_engine_and_parity(tiny_run, tmp_path):
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     section = markdown.read_text(encoding="utf-8").split("## Decoding real text\n", 1)[1]
     assert "**Smoke run** (10 lines" in section
-    engines = ["ours fp32", "Marian generate fp32", "CTranslate2 float32", "CTranslate2 int8"]
-    for engine in engines:
-        assert re.search(rf"^\| 1 \| {engine} \| [\d,.]+ \| [\d,]+ \| [\d.]+ \| [\d.]+ \|", section, re.M), engine
+    ours = ["ours fp32", "ours fp32, rows kept", "ours fp32, patience", "ours int8"]
+    engines = ours + ["Marian generate fp32", "CTranslate2 float32", "CTranslate2 int8"]
+    for engine in engines:  # sentences/s, pieces/s, median seconds, their spread, BLEU
+        assert re.search(rf"^\| 1 \| {engine} \| [\d,.]+ \| [\d,]+ \| [\d.]+ \| [\d.]+–[\d.]+ \| [\d.]+ \|", section,
+                         re.M), engine
+    for engine in ours:  # what its pass computed: steps, computed, open and useful row-steps, their ratio
+        assert re.search(rf"^\| 1 \| {engine} \| [\d,]+ \| [\d,]+ \| [\d,]+ \| [\d,]+ \| [\d.]+ \| \d+ \|", section,
+                         re.M), engine
     parity = {row[0]: row[1:] for row in re.findall(r"^\| ([^|]+?) \| (\d+) / 10 \(.*?\) \| (\d+) / 10 ", section,
                                                    re.M)}
-    assert list(parity) == engines[1:]  # greedy and beam-4 counts of every peer
+    assert list(parity) == engines[1:]  # greedy and beam-4 counts of every other engine
     assert parity["Marian generate fp32"][0] == parity["CTranslate2 float32"][0] == "10"
+    assert parity["ours fp32, rows kept"] == ("10", "10")

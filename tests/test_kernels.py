@@ -63,6 +63,41 @@ def test_linear_in_a_frozen_weights_block_uses_packed_weights_with_the_same_resu
     assert torch.equal(out, again)
 
 
+@pytest.mark.parametrize("rows", [1, 40])
+def test_int8_linear_maps_quantise_each_output_channel_on_its_own(rows):
+    """Inside int8_weights, float32 linear maps are int8: close to float64 (error of 8-bit rounding, not
+    zero), and one output row a thousand times larger does not coarsen the others (per-channel scales; one
+    scale for the whole weight would round the small rows to almost nothing)."""
+    if kernels.why_no_int8():
+        pytest.skip(kernels.why_no_int8())
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(48, 32) * 0.05, torch.randn(48) * 0.1, torch.randn(rows, 3, 32)
+    weight[7] *= 1000
+    with torch.inference_mode(), kernels.int8_weights():
+        out = kernels.linear(x, weight, bias)
+        assert len(kernels._INT8.get()) == 1  # quantised once, kept for the block
+    assert kernels._INT8.get() is None
+    ref = reference_linear(x, weight, bias)
+    for keep in (slice(0, 7), slice(8, 48)):  # the ordinary rows
+        error = (out[..., keep].double() - ref[..., keep]).norm() / ref[..., keep].norm()
+        assert 1e-4 < error < 0.03
+    assert out.dtype == torch.float32 and out.shape == (rows, 3, 48)
+
+
+def test_int8_leaves_linear_maps_that_need_gradients_in_float32_and_refuses_without_a_kernel(monkeypatch):
+    torch.manual_seed(0)
+    weight, x = torch.randn(8, 4, requires_grad=True), torch.randn(2, 4)
+    if not kernels.why_no_int8():
+        with kernels.int8_weights():  # int8 has no gradient: a map that needs one stays float32
+            out = kernels.linear(x, weight)
+        assert out.requires_grad and (out.double() - reference_linear(x, weight.detach(), None)).abs().max() <= TOL
+    monkeypatch.setattr(kernels, "_INT8_ENGINES", ("armv9",))
+    assert "no int8 kernel for this CPU" in kernels.why_no_int8()
+    with pytest.raises(RuntimeError, match="no int8 kernel"):
+        with kernels.int8_weights():
+            pass
+
+
 def test_weights_changed_by_fused_adam_are_used_after_a_frozen_block():
     """torch's fused Adam updates parameters without bumping their version: packed copies must not outlive
     the block in which weights are frozen (as a validation search between training steps)."""

@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from transformer.search import Ensemble, Seq2Seq, beam_search, greedy_search, length_penalty
+from transformer.search import (Ensemble, SearchWork, Seq2Seq, beam_search, greedy_search, length_penalty,
+                                sample_search)
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 A, B, C = 4, 5, 6
@@ -51,6 +52,10 @@ class PrefixCache:
         rows = (torch.arange(b)[:, None] * self.beams + beams).view(-1)
         return PrefixCache(self.sentence.index_select(0, rows), self.prefix.index_select(0, rows), k)
 
+    def select_sentences(self, keep: torch.Tensor) -> "PrefixCache":
+        rows = (keep[:, None] * self.beams + torch.arange(self.beams)).view(-1)
+        return PrefixCache(self.sentence.index_select(0, rows), self.prefix.index_select(0, rows), self.beams)
+
 
 class ScriptedModel(nn.Module):
     """next(sentence, prefix) -> {token: probability}; the tokens it does not name share the rest equally.
@@ -85,8 +90,7 @@ class ScriptedModel(nn.Module):
     def decode(self, tgt, encoder_out, cache):
         self.steps += 1
         self.training_seen.append(self.training)
-        rows_of = encoder_out.out[:, 0, 0].long().repeat_interleave(cache.beams)
-        assert torch.equal(rows_of, cache.sentence), "beams must stay with their sentence"
+        assert cache.sentence.view(-1, cache.beams).unique(dim=1).size(1) == 1, "beams must stay with their sentence"
         full = torch.cat([cache.prefix, tgt], dim=1)
         logits = torch.stack([
             torch.stack([self.distribution(int(cache.sentence[row]), tuple(full[row, 1:pos + 1].tolist())).log()
@@ -204,6 +208,92 @@ def test_early_stop_never_changes_the_result_of_running_to_the_cap():
                        max_len_a=0, max_len_b=cap)
     assert_hyps(hyps, [scored[:3]])
     assert model.steps < cap + 1, "the search should have stopped before the cap"
+
+
+def test_patience_rule_ends_a_sentence_once_enough_hypotheses_have_finished():
+    # The exact rule waits for [A]: its end beats [] once divided by gnmt(2). The patience rule ends the
+    # sentence after round(beam * patience) finished hypotheses, whatever the live beams could still reach.
+    def script(sentence, prefix):
+        return {(): {EOS: 0.5, A: 0.45}, (A,): {EOS: 0.999}}.get(prefix, {EOS: 0.1})
+    options = dict(beam=2, lenpen=1.0, lenpen_style="gnmt", max_len_a=0, max_len_b=4)
+    short, long = ([], math.log(0.5) / gnmt(1, 1.0)), ([A], (math.log(0.45) + math.log(0.999)) / gnmt(2, 1.0))
+    model = ScriptedModel(script)
+    assert_hyps(beam_search(model, source([C]), stop="patience", patience=0.5, **options), [[short]])
+    assert model.steps == 1                                  # one finished hypothesis was enough
+    model = ScriptedModel(script)
+    assert_hyps(beam_search(model, source([C]), stop="patience", patience=1.0, nbest=2, **options), [[long, short]])
+    assert model.steps == 2
+    with pytest.raises(ValueError, match="stop must be one of exact, patience"):
+        beam_search(model, source([C]), stop="early", **options)
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_search_work_counts_rows_steps_and_cap_hits(compact):
+    # Sentence C ends at step 0 (EOS .9); sentence A never ranks EOS among its beam's first two candidates
+    # (A .9, then the unnamed tokens at .015 each, EOS .01), so it runs to its cap of 2 and ends as [A, A].
+    def script(sentence, prefix):
+        return {EOS: 0.9} if sentence == C else {A: 0.9, EOS: 0.01}
+    work = SearchWork()
+    hyps = beam_search(ScriptedModel(script), source([C], [A]), beam=2, lenpen=0.0, max_len_a=0, max_len_b=2,
+                       compact=compact, work=work)
+    assert [[h.tokens for h in sentence] for sentence in hyps] == [[[]], [[A, A]]]
+    # Rows decoded: step 0 one per sentence, then 2 per sentence still in the batch (C leaves after step 0).
+    assert work.steps == 3
+    assert work.computed == (2 + 2 + 2 if compact else 2 + 4 + 4)
+    assert work.open == 2 + 2 + 2
+    assert work.useful == (1 + 0) + (1 + 2 * 2)              # 1 + K * |best| per sentence
+    assert sorted(work.sentence_steps) == [1, 3] and work.cap_hits == 1
+
+
+def trained_batches(tiny_run, checkpoint):
+    """The tiny reversal model and its 100 test sources as one batch of mixed lengths (3-8 words, in file
+    order), ends decided by the model itself."""
+    from transformer.translation import Translator, pad_rows
+
+    translator = Translator.load(checkpoint, device="cpu")
+    ids = translator.vocab.encode(tiny_run.files("test")[0].read_text(encoding="utf-8").splitlines())
+    eos, pad = translator.model.config.eos_id, translator.model.config.pad_id
+    return translator.model, pad_rows((row + [eos] for row in ids), pad, "cpu")
+
+
+SEARCHES = {
+    "beam exact": lambda model, src, **kw: beam_search(model, src, beam=4, nbest=2, **kw),
+    "beam patience": lambda model, src, **kw: beam_search(model, src, beam=4, stop="patience", patience=1.0, **kw),
+    "greedy": lambda model, src, **kw: greedy_search(model, src, **kw),
+    "sampling": lambda model, src, **kw: sample_search(model, src, samples=3, topk=10, seed=7, **kw),
+}
+
+
+@pytest.mark.parametrize("search", list(SEARCHES))
+def test_compaction_puts_every_sentence_back_in_its_place(search):
+    """A random model on sources of 1-9 tokens: the caps (|src| + 2) end the sentences at different steps, in
+    an order unlike the batch's, so sentences leave the batch several times, from its middle too."""
+    model = tiny_model(vocab_size=20, seed=11)
+    src = random_source(20, [9, 1, 5, 2, 8, 3, 1, 7, 4, 6, 2, 9], seed=12)
+    kept_work, compact_work = SearchWork(), SearchWork()
+    kept = SEARCHES[search](model, src, max_len_b=2, compact=False, work=kept_work)
+    compacted = SEARCHES[search](model, src, max_len_b=2, compact=True, work=compact_work)
+    assert [[h.tokens for h in s] for s in compacted] == [[h.tokens for h in s] for s in kept]
+    for c, k in zip(itertools.chain(*compacted), itertools.chain(*kept)):
+        assert c.score == pytest.approx(k.score, abs=1e-5)
+    assert compact_work.computed < kept_work.computed and compact_work.open == kept_work.open
+
+
+@pytest.mark.parametrize("search", list(SEARCHES))
+@pytest.mark.parametrize("step", [250, None])  # an early checkpoint, whose ends vary more, and the final one
+def test_compacting_search_equals_the_loop_that_keeps_every_row(search, step, tiny_run, one_torch_thread):
+    model, src = trained_batches(tiny_run, tiny_run.numbered(step) if step else tiny_run.run_dir)
+    kept_work, compact_work = SearchWork(), SearchWork()
+    kept = SEARCHES[search](model, src, compact=False, work=kept_work)
+    compacted = SEARCHES[search](model, src, compact=True, work=compact_work)
+    assert [[h.tokens for h in s] for s in compacted] == [[h.tokens for h in s] for s in kept]
+    for c, k in zip(itertools.chain(*compacted), itertools.chain(*kept)):
+        assert c.score == pytest.approx(k.score, abs=1e-5)
+    # Sentences left the batch: fewer rows decoded for the same open ones, steps and sentences alike.
+    assert compact_work.computed < kept_work.computed
+    assert (compact_work.open, compact_work.useful, compact_work.steps, sorted(compact_work.sentence_steps)) == (
+        kept_work.open, kept_work.useful, kept_work.steps, sorted(kept_work.sentence_steps))
+    assert compact_work.useful <= compact_work.open <= compact_work.computed
 
 
 def test_decoder_state_follows_beams_that_change_rank():

@@ -34,6 +34,7 @@ import translate  # noqa: E402
 from conftest import TINY_STEPS, TINY_SAVE_EVERY  # noqa: E402
 from data.vocab import Vocab, train_vocab  # noqa: E402
 from transformer import checkpoint as ckpt  # noqa: E402
+from transformer import kernels  # noqa: E402
 from transformer.cli import main_with_user_errors  # noqa: E402
 from transformer.model import Transformer, TransformerConfig  # noqa: E402
 from transformer.scoring import read_lines, sacrebleu_scores  # noqa: E402
@@ -247,6 +248,26 @@ def test_bf16_decoding_translates_as_well_as_fp32(tiny_run, capsys, monkeypatch)
     assert len(bf16) == len(sources)
     assert sum(a == b for a, b in zip(fp32, bf16)) >= 0.9 * len(sources)
     assert bleu(bf16, references) >= 90
+
+
+@pytest.mark.slow
+def test_int8_decoding_translates_as_well_as_fp32(tiny_run, capsys, monkeypatch):
+    if kernels.why_no_int8():
+        pytest.skip(kernels.why_no_int8())
+    sources, references = first_lines(tiny_run, 40)
+    fp32, _ = run_translate([f"checkpoint={tiny_run.run_dir}"], capsys, monkeypatch, stdin_of(sources))
+    int8, _ = run_translate([f"checkpoint={tiny_run.run_dir}", "decode.precision=int8"], capsys, monkeypatch,
+                            stdin_of(sources))
+    assert len(int8) == len(sources)
+    assert sum(a == b for a, b in zip(fp32, int8)) >= 0.9 * len(sources)
+    assert bleu(int8, references) >= 90
+
+
+def test_int8_decoding_where_it_cannot_run_is_a_one_line_error(tiny_run, capsys, monkeypatch):
+    monkeypatch.setattr(kernels, "_INT8_ENGINES", ("armv9",))
+    line = user_error(translate, [f"checkpoint={tiny_run.run_dir}", "device=cpu", "decode.precision=int8"],
+                      capsys, monkeypatch)
+    assert "decode.precision=int8" in line and "no int8 kernel" in line and "decode.precision=fp32" in line
 
 
 # -------------------------------------------------------------------------------------------- ensembles

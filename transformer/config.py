@@ -259,7 +259,13 @@ class DecodeConfig:
     nbest: int = 1
     max_input_len: int = 1024  # longer inputs are cropped (with a warning)
     max_tokens: int = 8000  # source tokens per decoding batch
-    precision: str = "fp32"  # fp32 | bf16 (a bfloat16 copy of the weights; search scores in float32)
+    precision: str = "fp32"  # fp32 | bf16 (a bfloat16 copy of the weights) | int8 (CPU: int8 linear maps,
+    #                          weights per output channel, kernels.int8_weights); search scores in float32
+    # When beam search ends a sentence (transformer/search.py): exact = once no live beam can beat its n-best
+    # (the paper's search: the same result as running to the length cap) | patience = once
+    # round(beam × patience) hypotheses have ended (CTranslate2; patience 1 is fairseq's early stopping)
+    stop: str = "exact"
+    patience: float = 1.0
     # Sampling instead of search (back-translation, Edunov et al. 2018; search.sample_search): nbest samples a
     # sentence, each token drawn from softmax(log p / temperature) cut to the top-k tokens (0: all) and then to
     # the nucleus of mass top-p (1.0: all); a sample depends on (seed, the line's number, its rank) alone.
@@ -285,7 +291,9 @@ class DecodeConfig:
             _require(isinstance(getattr(self, key), bool), f"decode.{key}={getattr(self, key)!r} must be true or false")
         _require(bool(self.noise_filler.strip()) and len(self.noise_filler.split()) == 1,
                  f"decode.noise_filler={self.noise_filler!r} must be one word (e.g. <blank>)")
-        _one_of("decode.precision", self.precision, ("fp32", "bf16"))
+        _one_of("decode.precision", self.precision, ("fp32", "bf16", "int8"))
+        _one_of("decode.stop", self.stop, ("exact", "patience"))
+        _require(self.patience > 0, f"decode.patience={self.patience!r} must be positive")
 
 
 # ------------------------------------------------------------------------------------------------- jobs

@@ -5,6 +5,8 @@
   kind of CPU); without autograd also bf16 ones, from weights packed for oneDNN inside `frozen_weights()`.
 - `scaled_dot_product_attention`: `F.scaled_dot_product_attention`, computed on CPU as matmul, softmax,
   matmul instead of by torch's CPU flash-attention kernel.
+- `int8_weights` / `why_no_int8`: int8 linear maps for decoding on CPU (`decode.precision=int8`): weights
+  quantised per output channel once per block, activations per call, by PyTorch's own quantized kernels.
 - `keep_freed_memory`: glibc malloc settings that reuse freed memory instead of returning it to the OS.
 - `native_bf16` / `warn_if_emulated`: whether this CPU computes bf16 (and fp16) in hardware; where it does
   not (AVX2-only CPUs), reduced precision runs on plain PyTorch ops, emulated, with one warning.
@@ -22,6 +24,7 @@ import functools
 import logging
 import os
 import platform
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -157,6 +160,69 @@ def frozen_weights():
         _PACKED.reset(token)
 
 
+# Inside `int8_weights()`: (weight, bias) -> (what they were quantised from, the packed int8 parameters).
+_INT8: contextvars.ContextVar[dict | None] = contextvars.ContextVar("int8", default=None)
+_INT8_ENGINES = ("x86", "fbgemm", "onednn")  # quantized CPU engines with int8 GEMM for x86 (not qnnpack's ARM one)
+
+
+def why_no_int8() -> str:
+    """Why int8 decoding cannot run on this CPU ("" where it can): torch's quantized linear kernels need one
+    of its x86 engines (fbgemm / x86 / onednn)."""
+    engines = torch.backends.quantized.supported_engines
+    if not any(engine in engines for engine in _INT8_ENGINES):
+        return (f"this torch build has no int8 kernel for this CPU (quantized engines: {', '.join(engines) or 'none'}; "
+                f"needs one of {', '.join(_INT8_ENGINES)})")
+    return ""
+
+
+@functools.cache
+def _int8_reduce_range() -> bool:
+    """Quantise activations to 7 bits where the CPU lacks VNNI: fbgemm's AVX2/AVX-512 path without it adds
+    pairs of u8×s8 products in 16 bits, which 8-bit activations can overflow (torch's quantize_dynamic does
+    the same on x86)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            flags = next((line for line in cpuinfo if line.startswith("flags")), "").split()
+    except OSError:
+        return True
+    return not ({"avx512_vnni", "avx_vnni"} & set(flags))
+
+
+@contextlib.contextmanager
+def int8_weights():
+    """A block in which CPU linear maps without autograd are int8: each weight is quantised once, per output
+    channel (symmetric, scale = max |w| / 127 of its row), into torch's packed int8 layout; each call quantises
+    its input per tensor and multiplies in int8 (`torch.ops.quantized.linear_dynamic`), as CTranslate2's int8
+    does. Outputs are float32. Like `frozen_weights`, the weights must not change inside the block."""
+    reason = why_no_int8()
+    if reason:
+        raise RuntimeError(reason)
+    if _INT8.get() is not None:
+        yield
+        return
+    token = _INT8.set({})
+    try:
+        with frozen_weights():
+            yield
+    finally:
+        _INT8.reset(token)
+
+
+def _int8_linear(x: Tensor, weight: Tensor, bias: Tensor | None, packed: dict) -> Tensor:
+    """x @ weight^T + bias in int8, the weight quantised on first use in the block (`int8_weights`)."""
+    key = (id(weight), id(bias))  # the entry holds both tensors, so neither id is reused inside the block
+    entry = packed.get(key)
+    if entry is None or entry[0] != (weight._version, weight.data_ptr()):
+        w = weight.detach().float()
+        scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12).double()  # [O]: each output row its own scale
+        with warnings.catch_warnings():  # torch 2.13 calls quantized tensors deprecated; its int8 GEMM needs one
+            warnings.simplefilter("ignore", UserWarning)
+            q = torch.quantize_per_channel(w, scales, torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8)
+        params = torch.ops.quantized.linear_prepack(q, None if bias is None else bias.detach().float())
+        entry = packed[key] = ((weight._version, weight.data_ptr()), params, weight, bias)
+    return torch.ops.quantized.linear_dynamic(x, entry[1], _int8_reduce_range())
+
+
 def _packed(weight: Tensor) -> Tensor:
     """Inside `frozen_weights()`, the weight packed once and reused; elsewhere the weight itself."""
     packed = _PACKED.get()
@@ -209,17 +275,22 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     (docs/BENCHMARKS.md, 'Where our speed comes from'); elsewhere it is not, and float32 stays with F.linear
     (`onednn_for_float32`). Same maths; only the rounding of the sums may differ (~1e-6 relative), as
     between thread counts. Without autograd, float32 (where oneDNN is the choice) and bfloat16 go to
-    oneDNN, with packed weights inside `frozen_weights()`. Everything else (GPU, autocast, fp16, bf16
+    oneDNN, with packed weights inside `frozen_weights()`; inside `int8_weights()`, float32 ones are int8.
+    Everything else (GPU, autocast, fp16, bf16
     with autograd, torch.compile, a torch without the kernel, bf16 on a CPU without native bf16) goes to
     F.linear.
     """
+    int8 = _INT8.get()
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                              or (bias is not None and bias.requires_grad))
+    if int8 is not None and x.device.type == "cpu" and x.dtype == torch.float32 and not needs_grad:
+        return _int8_linear(x, weight, bias, int8)
     if (_ONEDNN_LINEAR is None or x.device.type != "cpu" or x.dtype != weight.dtype
             or x.dtype not in (torch.float32, torch.bfloat16) or torch.is_autocast_enabled("cpu")
             or torch.compiler.is_compiling() or (x.dtype == torch.bfloat16 and not native_bf16())
             or (x.dtype == torch.float32 and not onednn_for_float32())):
         return F.linear(x, weight, bias)
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                    or (bias is not None and bias.requires_grad)):
+    if needs_grad:
         if x.dtype != torch.float32:
             return F.linear(x, weight, bias)
         return _OneDNNLinear.apply(x, weight, bias)

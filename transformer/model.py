@@ -662,3 +662,22 @@ class DecoderCache:
         if self.rows is not None:  # reordered twice without a step between: compose
             rows = self.rows[rows]
         return dataclasses.replace(self, rows=rows, beams=beams.shape[1])
+
+    def select_sentences(self, keep: Tensor) -> DecoderCache:
+        """The cache of sources `keep` ([B'] int64) only, in that order: search drops finished sentences.
+
+        The self-attention rows are only recorded, as by `reorder_beams` (the next step gathers them). The
+        cross-attention K/V and the source mask are copied, cut to the longest kept source (sources are
+        right-padded, so the cut keys were padding, never attended): later steps attend over fewer keys.
+        """
+        beam_rows = keep[:, None] * self.beams + torch.arange(self.beams, device=keep.device)  # [B', K]
+        rows = beam_rows.view(-1) if self.rows is None else self.rows[beam_rows.view(-1)]
+        src_mask = self.src_mask.index_select(0, keep)
+        width = int(src_mask.sum(dim=1).max())  # one host sync per selection
+        return dataclasses.replace(
+            self,
+            cross_k=[k[:, :, :width].index_select(0, keep) for k in self.cross_k],  # [B', H, width, Dk]
+            cross_v=[v[:, :, :width].index_select(0, keep) for v in self.cross_v],
+            src_mask=src_mask[:, :width].contiguous(),
+            rows=rows,
+        )

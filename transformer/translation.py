@@ -45,7 +45,7 @@ from transformer.loss import label_smoothed_nll
 from transformer.model import Transformer, TransformerConfig
 from transformer.scoring import Score, package_versions, sacrebleu_scores
 from transformer.noise import noisy
-from transformer.search import Ensemble, Hypothesis, Seq2Seq, beam_search, greedy_search, sample_search
+from transformer.search import Ensemble, Hypothesis, SearchWork, Seq2Seq, beam_search, greedy_search, sample_search
 
 log = logging.getLogger(__name__)
 
@@ -86,24 +86,46 @@ class DeadlinePassed(Exception):
 @torch.inference_mode()
 def translate_ids(model: Seq2Seq, sources: Sequence[Sequence[int]], decode: DecodeConfig, *,
                   device: torch.device | str = "cpu", progress=None, deadline: float | None = None,
-                  first_id: int = 0) -> list[list[Hypothesis]]:
+                  first_id: int = 0, work: SearchWork | None = None) -> list[list[Hypothesis]]:
     """Search every source (pieces without EOS) and return its `decode.nbest` hypotheses, in input order.
 
     An empty source yields no search and an empty hypothesis (score 0): translating nothing gives nothing.
     With a `deadline`, a batch that would start after it raises DeadlinePassed instead (the batches are
     those of a call without one, so a translation that finishes is the same). Sampling (decode.sampling)
     draws source i's samples from its number `first_id + i`, so a line's samples do not depend on the
-    batch or the chunk of input it came in.
+    batch or the chunk of input it came in. `work` (a search.SearchWork) adds up what the searches computed.
     """
+    if decode.precision == "bf16":
+        kernels.warn_if_emulated("bf16", torch.device(device).type)
+        model = bfloat16_copy(model)
+    with int8_linear_maps(decode, device):
+        return _translate_batches(model, sources, decode, device=device, progress=progress, deadline=deadline,
+                                  first_id=first_id, work=work)
+
+
+def int8_linear_maps(decode: DecodeConfig, device: torch.device | str) -> contextlib.AbstractContextManager:
+    """`kernels.int8_weights()` for decode.precision=int8 (a one-line ConfigError where it cannot run), else
+    nothing."""
+    if decode.precision != "int8":
+        return contextlib.nullcontext()
+    if torch.device(device).type != "cpu":
+        raise ConfigError(f"decode.precision=int8 runs on CPU only (device is {device}); use decode.precision=bf16 "
+                          "or fp32 on a GPU")
+    reason = kernels.why_no_int8()
+    if reason:
+        raise ConfigError(f"decode.precision=int8: {reason}; use decode.precision=fp32")
+    return kernels.int8_weights()
+
+
+def _translate_batches(model: Seq2Seq, sources: Sequence[Sequence[int]], decode: DecodeConfig, *, device, progress,
+                       deadline: float | None, first_id: int, work: SearchWork | None) -> list[list[Hypothesis]]:
+    """`translate_ids` once the model is in its decoding precision."""
     config = model.config
     results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0)] * decode.nbest for _ in sources]
     todo = [i for i, src in enumerate(sources) if len(src) > 0]
     lengths, done = [len(sources[i]) + 1 for i in todo], 0
-    if decode.precision == "bf16":
-        kernels.warn_if_emulated("bf16", torch.device(device).type)
-        model = bfloat16_copy(model)
     limits = {"max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b, "min_len": decode.min_len,
-              "lenpen": decode.lenpen, "lenpen_style": decode.lenpen_style}
+              "lenpen": decode.lenpen, "lenpen_style": decode.lenpen_style, "work": work}
     for batch in length_sorted_batches(lengths, decode.max_tokens):
         if deadline is not None and time.monotonic() >= deadline:
             raise DeadlinePassed(f"{len(todo) - done} of {len(todo)} lines were not translated by the deadline")
@@ -116,7 +138,8 @@ def translate_ids(model: Seq2Seq, sources: Sequence[Sequence[int]], decode: Deco
         elif decode.beam == 1 and decode.lenpen == 0:  # the same result as beam_search, without the beam bookkeeping
             hyps = greedy_search(model, src, **limits)
         else:
-            hyps = beam_search(model, src, beam=decode.beam, nbest=decode.nbest, **limits)
+            hyps = beam_search(model, src, beam=decode.beam, nbest=decode.nbest, stop=decode.stop,
+                               patience=decode.patience, **limits)
         for i, hyp in zip(indices, hyps):
             results[i] = hyp
         done += len(indices)
@@ -178,8 +201,9 @@ class Translator:
         (default: the run's own, `run_decode`: those its validation BLEU and end-of-training test used) with
         `settings` (its fields: beam=, lenpen=, nbest=, ...) replacing some of them.
         """
-        _with_settings(DecodeConfig() if decode is None else decode, settings)  # a bad setting fails before any read
+        asked = _with_settings(DecodeConfig() if decode is None else decode, settings)  # fails before any read
         device = pick_device(str(device))
+        int8_linear_maps(asked, device)  # int8 where it cannot run: refused before any read too
         names = list(checkpoint) if isinstance(checkpoint, (list, tuple)) else [checkpoint]
         if not names:
             raise ConfigError("checkpoint=[] names no checkpoint: give a run directory or a .pt file")
@@ -235,20 +259,22 @@ class Translator:
         return dataclasses.replace(self, decode=_with_settings(self.decode, settings))
 
     def translate(self, texts: Sequence[str], *, progress: bool = False, source: str = "input",
-                  deadline: float | None = None) -> list[str]:
-        """The best translation of each text, one line each, in input order (`deadline`: see `translate_nbest`)."""
+                  deadline: float | None = None, work: SearchWork | None = None) -> list[str]:
+        """The best translation of each text, one line each, in input order (`deadline`, `work`: see
+        `translate_nbest`)."""
         return [row[0].text for row in self.translate_nbest(texts, progress=progress, source=source,
-                                                            deadline=deadline)]
+                                                            deadline=deadline, work=work)]
 
     def translate_nbest(self, texts: Sequence[str], nbest: int | None = None, *, progress: bool = False,
-                        source: str = "input", first_line: int = 1,
+                        source: str = "input", first_line: int = 1, work: SearchWork | None = None,
                         deadline: float | None = None) -> list[list[Translation]]:
         """`nbest` (default: `decode.nbest`) translations of each text with their scores, best first.
 
         A text is one sentence: its whitespace is normalised and a line break inside it is a space. Inputs
         longer than `decode.max_input_len` pieces are cropped, with a warning naming the line (`source` line
         N, the first text being line `first_line`); `progress` shows a bar on stderr. With a `deadline` (a
-        time.monotonic() value) the search raises DeadlinePassed rather than start a batch after it.
+        time.monotonic() value) the search raises DeadlinePassed rather than start a batch after it. `work`
+        (a `transformer.search.SearchWork`) adds up what the searches computed.
         """
         if isinstance(texts, str):
             raise TypeError("translate takes a list of texts; for one sentence write translate([text])")
@@ -267,7 +293,7 @@ class Translator:
         with tqdm(total=len(ids), desc="translating", unit="line", file=sys.stderr, disable=not progress,
                   mininterval=1.0) as bar:
             hyps = translate_ids(model, ids, decode, device=self.device, progress=bar, deadline=deadline,
-                                 first_id=first_line - 1)
+                                 first_id=first_line - 1, work=work)
         out = []
         for index, row in enumerate(hyps):
             # Byte-fallback pieces can spell a line break; one translation must stay one output line.
