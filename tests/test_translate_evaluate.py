@@ -240,27 +240,17 @@ def test_a_run_directory_means_averaged_pt_unless_last_pt_is_newer(tiny_run, tmp
 
 
 @pytest.mark.slow
-def test_bf16_decoding_translates_as_well_as_fp32(tiny_run, capsys, monkeypatch):
-    sources, references = first_lines(tiny_run, 40)
-    fp32, _ = run_translate([f"checkpoint={tiny_run.run_dir}"], capsys, monkeypatch, stdin_of(sources))
-    bf16, _ = run_translate([f"checkpoint={tiny_run.run_dir}", "decode.precision=bf16"], capsys, monkeypatch,
-                            stdin_of(sources))
-    assert len(bf16) == len(sources)
-    assert sum(a == b for a, b in zip(fp32, bf16)) >= 0.9 * len(sources)
-    assert bleu(bf16, references) >= 90
-
-
-@pytest.mark.slow
-def test_int8_decoding_translates_as_well_as_fp32(tiny_run, capsys, monkeypatch):
-    if kernels.why_no_int8():
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_reduced_precision_decoding_translates_as_well_as_fp32(precision, tiny_run, capsys, monkeypatch):
+    if precision == "int8" and kernels.why_no_int8():
         pytest.skip(kernels.why_no_int8())
     sources, references = first_lines(tiny_run, 40)
     fp32, _ = run_translate([f"checkpoint={tiny_run.run_dir}"], capsys, monkeypatch, stdin_of(sources))
-    int8, _ = run_translate([f"checkpoint={tiny_run.run_dir}", "decode.precision=int8"], capsys, monkeypatch,
-                            stdin_of(sources))
-    assert len(int8) == len(sources)
-    assert sum(a == b for a, b in zip(fp32, int8)) >= 0.9 * len(sources)
-    assert bleu(int8, references) >= 90
+    reduced, _ = run_translate([f"checkpoint={tiny_run.run_dir}", f"decode.precision={precision}"], capsys,
+                               monkeypatch, stdin_of(sources))
+    assert len(reduced) == len(sources)
+    assert sum(a == b for a, b in zip(fp32, reduced)) >= 0.9 * len(sources)
+    assert bleu(reduced, references) >= 90
 
 
 def test_int8_decoding_where_it_cannot_run_is_a_one_line_error(tiny_run, capsys, monkeypatch):
