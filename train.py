@@ -30,19 +30,21 @@ from transformer import checkpoint as ckpt
 from transformer import distributed, finetune
 from transformer.budget import Budget, out_of_time, process_age
 from transformer.checkpoint import TrainState
-from transformer.cli import ConfigError, compose_config, hydra_app, pick_device, setup_logging
-from transformer.config import TrainJob, to_job
+from transformer.cli import ConfigError, compose_config, hydra_app, setup_logging, to_job
+from transformer.config import TrainJob
 from transformer.kernels import keep_freed_memory
 from transformer.loss import label_smoothed_nll
 from transformer.model import Transformer, TransformerConfig
 from transformer.report import validation_attention_figure
 from transformer.schedule import make_optimizer, make_scheduler
-from transformer.training import (EventWriter, Run, Start, StopRequest, Window, agree, compile_for_batches, dropout_seed,
-                                  keep_best, log_window, mixed_precision, plan_update, print_summary,
-                                  resolve_precision, resolve_run_dir, resume_or_initialise, settle, start_fingerprint,
-                                  step_if_finite, user_error, write_run_record)
+from transformer.agreement import agree, settle, start_fingerprint
+from transformer.run_record import EventWriter, log_window, print_summary, write_run_record
+from transformer.training import (Run, Start, StepOutcome, StopRequest, Window, compile_for_batches, dropout_seed,
+                                  keep_best, mixed_precision, plan_update, resolve_precision, resolve_run_dir,
+                                  resume_or_initialise, step_if_finite, user_error)
 from transformer.scoring import sacrebleu_scores
-from transformer.translation import DeadlinePassed, Translator, corpus_nll, split_bleu, write_results
+from transformer.translation import DeadlinePassed, Translator
+from transformer.validation import corpus_nll, split_bleu, write_results
 
 log = logging.getLogger("train")
 
@@ -59,7 +61,8 @@ def build(job: TrainJob, *, dist: distributed.DistInfo, device: torch.device, ru
     if warning:
         log.warning("%s", warning)
     stream = BatchStream(data.train.src_lengths, data.train.tgt_lengths, max_tokens=plan.max_tokens, seed=job.seed,
-                         world_size=dist.world_size, rank=dist.rank, update_freq=plan.update_freq)
+                         world_size=dist.world_size, rank=dist.rank, update_freq=plan.update_freq,
+                         data=data.train.cache_entry.name)
     if stream.skipped:
         log.warning("%d training pairs are longer than a pass's budget (%d tokens; train.max_tokens=%d) and are "
                     "skipped", stream.skipped, plan.max_tokens, t.max_tokens)
@@ -104,23 +107,23 @@ def build(job: TrainJob, *, dist: distributed.DistInfo, device: torch.device, ru
 MIN_LOSS_SCALE = 1e-4  # fp16: below this GradScaler scale, an overflow is divergence, not calibration (fairseq's)
 
 
-def train_step(run: Run, window: Window, stop: StopRequest) -> str:
-    """One update: `update_freq` forward/backward passes per rank, then one optimizer step; "update", or "stop"
+def train_step(run: Run, window: Window, stop: StopRequest) -> StepOutcome:
+    """One update: `update_freq` forward/backward passes per rank, then one optimizer step; UPDATE, or STOP
     when any rank has received a stop signal (every rank stops after the same update).
 
     The host waits for the device once, at the end (`settle`): the token count, the stop signals and the
     finiteness of the gradient norm are read together, after the next update's batches are collated.
     A non-finite gradient norm skips the optimizer step (on the device). In fp16 that is GradScaler
-    calibrating its loss scale (it halves it): "overflow", and the update is made again from the same
+    calibrating its loss scale (it halves it): OVERFLOW, and the update is made again from the same
     batches at the lower scale (the update number, the lr schedule and the data do not move), until the
     scale falls below MIN_LOSS_SCALE. Otherwise it counts towards train.max_nonfinite.
     """
     started, position = time.monotonic(), run.stream.state_dict()
     batches = run.batches.next_update(run.stream)
-    agreed = agree(run, sum(b.tgt_tokens for _, b in batches), stop.requested)
+    agreement = agree(run, sum(b.tgt_tokens for _, b in batches), stop.requested)
     state, world, step, losses = run.state, run.dist.world_size, run.state.step + 1, []
     # DDP averages gradients over ranks; × world_size / global tokens turns that into the per-token mean.
-    per_token = (world / agreed[0]).float()
+    per_token = (world / agreement.tokens).float()
     for i, (slot, batch) in enumerate(batches):
         torch.manual_seed(dropout_seed(run.job.seed, step, slot))
         last = i == len(batches) - 1
@@ -142,18 +145,18 @@ def train_step(run: Run, window: Window, stop: StopRequest) -> str:
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
     run.batches.prepare(run.stream)  # the next update's batches, while the device computes this one
-    global_tokens, stopping, finite = settle(run, agreed, finite)
-    if not finite and run.scaler.is_enabled():
+    settled = settle(run, agreement, finite)
+    if not settled.finite and run.scaler.is_enabled():
         scale = run.scaler.get_scale() / run.scaler.get_backoff_factor()  # the scale this update had
         if scale >= MIN_LOSS_SCALE:
             log.info("update %d: fp16 overflow, loss scale %g → %g; the update is made again", step, scale,
                      run.scaler.get_scale())
             run.stream.load_state_dict(position)
             state.train_seconds += time.monotonic() - started
-            return "stop" if stopping else "overflow"
-    state.step, state.train_tokens = step, state.train_tokens + int(global_tokens)
-    state.nonfinite = 0 if finite else state.nonfinite + 1
-    if not finite:
+            return StepOutcome.STOP if settled.stop else StepOutcome.OVERFLOW
+    state.step, state.train_tokens = step, state.train_tokens + int(settled.tokens)
+    state.nonfinite = 0 if settled.finite else state.nonfinite + 1
+    if not settled.finite:
         log.warning("update %d: non-finite gradient norm, skipped (%d in a row)", step, state.nonfinite)
         if state.nonfinite >= run.job.train.max_nonfinite:
             run.save(ckpt.checkpoint_dir(run.run_dir) / f"diagnostic-{step:08d}.pt", kind="diagnostic")
@@ -166,8 +169,8 @@ def train_step(run: Run, window: Window, stop: StopRequest) -> str:
     seconds = time.monotonic() - started
     state.train_seconds += seconds
     run.budget.add_update(seconds)
-    window.end_update(losses, global_tokens / world, seconds)
-    return "stop" if stopping else "update"
+    window.end_update(losses, settled.tokens / world, seconds)
+    return StepOutcome.STOP if settled.stop else StepOutcome.UPDATE
 
 
 # ------------------------------------------------------------------------------------ logging, validation
@@ -236,7 +239,7 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest, started: float) -
     dist = distributed.init_from_env("cuda" if job.device != "cpu" and torch.cuda.is_available() else "cpu")
     if not dist.is_main:
         logging.getLogger().setLevel(logging.WARNING)
-    device = pick_device(job.device, dist.local_rank, training=True)
+    device = distributed.pick_device(job.device, dist.local_rank, training=True)
     ckpt.make_run_dir(run_dir, clean=dist.is_main)
 
     # 2. Start or resume: the checkpoint, the vocabulary, the data.
@@ -266,11 +269,11 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest, started: float) -
     run.model.train()
     while reason is None:
         outcome = train_step(run, window, stop)
-        if outcome == "stop":
+        if outcome is StepOutcome.STOP:
             reason = "a stop signal"
             break
         step = run.state.step
-        if outcome == "overflow":
+        if outcome is StepOutcome.OVERFLOW:
             continue
         if step % t.log_every_steps == 0:
             log_window(run, window)

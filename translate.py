@@ -1,32 +1,40 @@
 """Translate raw text: `python translate.py checkpoint=<run_dir or .pt> < src.txt > hyp.txt`.
 
 Exactly one output line per input line, in order (k lines with `decode.nbest=k`, Moses n-best style);
-stdout carries translations only, everything else goes to stderr. The work is done by
-transformer/translation.py (`Translator`); this file is its command line.
+stdout carries translations only, everything else goes to stderr. The input is read and translated
+`chunk_lines` lines at a time (transformer/corpus_translation.py: into a file, resumable and shardable). The
+work is done by transformer/translation.py (`Translator`); this file is its command line.
 
     python translate.py checkpoint=runs/quickstart < src.txt > hyp.txt
     python translate.py checkpoint=[a.pt,b.pt] input=src.txt output=hyp.txt   # an ensemble
     python translate.py checkpoint=runs/quickstart decode=greedy decode.precision=bf16
     python translate.py checkpoint=runs/quickstart alignment=true   # "translation ||| 0-0 1-2 ..." (word links)
     python translate.py checkpoint=runs/quickstart interactive=true            # a line in, its translation out
+    python translate.py checkpoint=RUN input=mono.txt output=bt.txt   # any size; killed, the same command resumes
+    torchrun --nproc_per_node 8 translate.py checkpoint=RUN input=mono.txt output=bt.txt   # 8 shards, one output
     python translate.py --help                                                 # every key
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 
 from transformer.alignment import Aligner, default_alignment_layer, format_alignment
-from transformer.cli import ConfigError, compose_config, decode_request, hydra_app, pick_device, setup_logging
-from transformer.config import TranslateJob, to_job
+from transformer.cli import ConfigError, compose_config, decode_request, hydra_app, setup_logging, to_job
+from transformer.config import TranslateJob
+from transformer.corpus_translation import Render, Shard, translate_file, translate_stream
+from transformer.distributed import pick_device
 from transformer.kernels import keep_freed_memory
 from transformer.search import Ensemble
-from transformer.translation import Translation, Translator, arriving_lines, decode_line, split_lines
+from data.lines import arriving_lines, decode_line
+from transformer import checkpoint as ckpt
+from transformer.translation import Translation, Translator
 
 log = logging.getLogger("translate")
 
@@ -34,10 +42,6 @@ log = logging.getLogger("translate")
 def run(cfg: DictConfig) -> int:
     job: TranslateJob = to_job(cfg, "translate")
     setup_logging(quiet=job.quiet)
-    if job.alignment and job.decode.nbest > 1:
-        raise ConfigError("alignment=true aligns the best translation only: set decode.nbest=1")
-    if job.alignment and job.interactive:
-        raise ConfigError("alignment=true and interactive=true do not go together yet: set one of them to false")
     if job.input is not None and not Path(job.input).is_file():
         raise ConfigError(f"input={job.input} is not a file: give a text file, one sentence a line")
     decode, settings = decode_request(cfg, job.decode)  # the run's own search, but for decode.* given here
@@ -47,23 +51,49 @@ def run(cfg: DictConfig) -> int:
     aligner = alignment_of(job, translator) if job.alignment else None
     if job.interactive:
         return interactive(translator, job)
-    if job.input is None:
-        raw, source = sys.stdin.buffer.read(), "stdin"
-    else:
-        raw, source = Path(job.input).read_bytes(), job.input
-    texts = split_lines(raw, source)
-    results = translator.translate_nbest(texts, progress=not job.quiet, source=source)
-    if aligner is not None:
-        text = "".join(f"{row[0].text} ||| {format_alignment(aligner.align(src, row[0].text))}\n"
-                       for src, row in zip(texts, results))
-    else:
-        text = output_lines(results, nbest=translator.decode.nbest)
-    if job.output is None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
-        Path(job.output).write_text(text, encoding="utf-8")
+    render = renderer(translator, aligner)
+    shard = Shard.from_env()
+    if job.input is not None and job.output is not None:
+        request = {"checkpoints": [file_identity(ckpt.resolve(str(name))) for name in checkpoint_names(job)],
+                   "decode": dataclasses.asdict(translator.decode), "alignment": job.alignment,
+                   "alignment_layer": None if aligner is None else aligner.layer}
+        translate_file(translator, Path(job.input), Path(job.output), render, chunk_lines=job.chunk_lines,
+                       request=request, shard=shard, progress=not job.quiet)
+        return 0
+    if shard.world_size > 1:
+        raise ConfigError(f"WORLD_SIZE={shard.world_size}: processes share a translation through files; give "
+                          "input=<file> and output=<file>")
+    stream = sys.stdin.buffer if job.input is None else open(job.input, "rb")
+    out: TextIO = sys.stdout if job.output is None else open(job.output, "w", encoding="utf-8")
+    try:
+        translate_stream(translator, stream, out, render, chunk_lines=job.chunk_lines, source=job.input or "stdin",
+                         progress=not job.quiet)
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+        if out is not sys.stdout:
+            out.close()
     return 0
+
+
+def renderer(translator: Translator, aligner: Aligner | None) -> Render:
+    """How translations become output text: best lines, Moses n-best lines, or `translation ||| links`."""
+    if aligner is not None:
+        return lambda texts, results, first: "".join(
+            f"{row[0].text} ||| {format_alignment(aligner.align(src, row[0].text))}\n"
+            for src, row in zip(texts, results))
+    nbest = translator.decode.nbest
+    return lambda texts, results, first: output_lines(results, nbest=nbest, first=first)
+
+
+def checkpoint_names(job: TranslateJob) -> list:
+    return list(job.checkpoint) if isinstance(job.checkpoint, (list, tuple, ListConfig)) else [job.checkpoint]
+
+
+def file_identity(path: Path) -> dict:
+    """What tells a file's version apart (a resumed translation must use the same model files)."""
+    stat = path.stat()
+    return {"path": str(path.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
 def alignment_of(job: TranslateJob, translator: Translator) -> Aligner:

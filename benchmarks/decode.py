@@ -11,13 +11,14 @@ for every engine and sentence, so every engine runs 30 decoder steps over the sa
   is the only token allowed (30 tokens counting EOS);
 - HF: `generate(min_new_tokens=30, max_new_tokens=30, num_beams=4 or 1, do_sample=False)`;
 - CTranslate2: `translate_batch(min_decoding_length=30, max_decoding_length=30, beam_size=4 or 1)`, built from
-  our model by transformer/hf.py (`ctranslate2_spec`, CTranslate2's own spec API; float32 on disk, int8 is
+  our model by transformer/ct2_export.py (`ctranslate2_spec`, CTranslate2's own spec API; float32 on disk, int8 is
   CTranslate2's quantisation at load time).
 The length penalty is the plain |Y|^1.0 (`lenpen_style="power"`) everywhere. Generated tokens/s =
 100 × 30 / seconds. The weights are random and the same in every engine (transformer/hf.py exports ours to Marian and
 CTranslate2); the work per token is what is measured, not the output. Threads are matched:
 `torch.set_num_threads(n)` for ours and Marian, `intra_threads=n, inter_threads=1` for CTranslate2.
-bf16 ("fast mode") is our model's weights cast to bfloat16, compared with CTranslate2's int8.
+bf16 ("fast mode") is our model's weights cast to bfloat16, compared with CTranslate2's int8; ours int8 is
+`decode.precision=int8` (kernels.int8_weights: per-channel int8 linear maps), on CPUs with torch's int8 kernels.
 
 On CUDA (chosen automatically) the engines run on the GPU instead: ours fp32 and bf16, Marian fp32 and bf16,
 CTranslate2 float32, bfloat16 and int8_bfloat16 where its wheel sees the GPU.
@@ -35,7 +36,7 @@ import torch
 
 from _common import (alternate, describe, load_average, load_remark, machine, marian_model, median,
                      model_configs, ours_model, print_profile, random_tokens, table, versions, write_section)
-from transformer import hf
+from transformer import ct2_export, kernels
 from transformer.model import TransformerConfig
 from transformer.search import beam_search, greedy_search
 
@@ -67,7 +68,7 @@ class Engines:
 
             ct2_dir = workdir / "ct2"
             tokens = token_names(config.vocab_size)
-            hf.save_ctranslate2(hf.ctranslate2_spec(self.ours.cpu(), tokens, tokens), ct2_dir)
+            ct2_export.save_ctranslate2(ct2_export.ctranslate2_spec(self.ours.cpu(), tokens, tokens), ct2_dir)
             self.ours.to(device)
             names = {"float32": "float32", "int8": "int8"}
             if device.type == "cuda":
@@ -84,6 +85,15 @@ class Engines:
             return lambda: greedy_search(model, self.src, **options)
         return lambda: beam_search(model, self.src, beam=beam, **options)
 
+    def ours_int8_fn(self, beam: int):
+        """Ours with int8 linear maps (decode.precision=int8), on CPU where torch has the kernels."""
+        search = self.ours_fn(self.ours, beam)
+
+        def run():
+            with kernels.int8_weights():
+                return search()
+        return run
+
     def marian_fn(self, model, beam: int):
         def run():
             with torch.inference_mode():
@@ -98,8 +108,10 @@ class Engines:
                                                   max_batch_size=0)
 
     def all(self, beam: int) -> dict:
-        engines = {"ours fp32": self.ours_fn(self.ours, beam), "ours bf16": self.ours_fn(self.ours_bf16, beam),
-                   "Marian generate fp32": self.marian_fn(self.marian, beam)}
+        engines = {"ours fp32": self.ours_fn(self.ours, beam), "ours bf16": self.ours_fn(self.ours_bf16, beam)}
+        if self.device.type == "cpu" and not kernels.why_no_int8():
+            engines["ours int8"] = self.ours_int8_fn(beam)
+        engines["Marian generate fp32"] = self.marian_fn(self.marian, beam)
         if self.marian_bf16 is not None:
             engines["Marian generate bf16"] = self.marian_fn(self.marian_bf16, beam)
         for label, translator in self.ct2.items():
@@ -122,7 +134,8 @@ class Engines:
 
 TARGETS = {("beam 4", "ours fp32", "Marian generate fp32"): 2.0, ("beam 4", "ours fp32", "CTranslate2 float32"): 1.0,
            ("greedy", "ours fp32", "Marian generate fp32"): 1.2, ("greedy", "ours fp32", "CTranslate2 float32"): 1.0,
-           ("beam 4", "ours bf16", "CTranslate2 int8"): 1.0, ("greedy", "ours bf16", "CTranslate2 int8"): 1.0}
+           ("beam 4", "ours bf16", "CTranslate2 int8"): 1.0, ("greedy", "ours bf16", "CTranslate2 int8"): 1.0,
+           ("beam 4", "ours int8", "CTranslate2 int8"): 0.8, ("greedy", "ours int8", "CTranslate2 int8"): 0.8}
 
 
 def run(args, device: torch.device) -> str:

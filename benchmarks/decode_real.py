@@ -36,7 +36,7 @@ The same weights in every engine, each translating text to text (tokenisation an
   `MarianMTModel.from_pretrained` and `MarianTokenizer.from_pretrained` as a Hugging Face user does; the
   lines sorted by source length (longest first) and cut into batches of 32 sentences; `generate(num_beams=4,
   do_sample=False, length_penalty=α, early_stopping="never")`, then `batch_decode(skip_special_tokens=True)`.
-- CTranslate2 float32 and int8: the models written by `transformer.hf.export_ctranslate2` (CTranslate2's own
+- CTranslate2 float32 and int8: the models written by `transformer.ct2_export.export_ctranslate2` (CTranslate2's own
   spec writer; int8 quantised at conversion, `quantization="int8"`, loaded with `compute_type="int8"`), the
   lines as SentencePiece pieces of its source.spm; `translate_batch(beam_size=4, length_penalty=α, patience=4,
   max_batch_size=32, batch_type="examples")`, which sorts by length and batches itself (32 examples: the
@@ -56,12 +56,16 @@ config's `bad_words_ids`, CTranslate2 by `suppress_sequences`); EOS is allowed f
   its cap (an exact search), as generate's `early_stopping="never"` does (its default, False, is a
   heuristic); CTranslate2 has no such rule: it stops once beam × patience hypotheses have ended, and
   patience=4 (its default is 1) is the setting at which its output agrees with ours (tests/test_hf.py).
+  `CTranslate2 float32, patience 1` and `ours fp32, patience 1` search by CTranslate2's default rule in both
+  engines (ours `decode.stop=patience decode.patience=1`), which stops sooner than the exact rule and may
+  change a line; those two are compared with each other.
 - what a batch does with its finished sentences. Ours drops them once they are a quarter of the batch
   (search.COMPACT_SHARE) and CTranslate2 drops them; generate keeps them in the batch, fed padding, until
   its last sentence ends. `ours fp32, rows kept` is our loop before compaction, to show what it gains.
 
 Our variants (`--engines`): `ours fp32` (the default search), `ours fp32, rows kept`, `ours fp32, patience`
-(`decode.stop=patience` at CTranslate2's patience here) and `ours int8` (`decode.precision=int8`). For each,
+(`decode.stop=patience` at CTranslate2's patience here), `ours int8` (`decode.precision=int8`) and `ours fp32,
+patience 1` (CTranslate2's default rule). For each,
 a second table gives what its last timed pass computed (search.SearchWork): decoder steps, row-steps
 computed / of open sentences / useful, cap hits, steps per sentence, and milliseconds per computed row-step.
 
@@ -94,9 +98,10 @@ import torch
 from _common import (ROOT, alternate, describe, load_average, load_remark, machine, median, table, versions,
                      write_section)
 from transformer import checkpoint as ckpt
-from transformer import hf
+from transformer import ct2_export, hf
 from transformer.kernels import keep_freed_memory
-from transformer.scoring import read_lines, sacrebleu_scores
+from transformer.scoring import sacrebleu_scores
+from transformer.testsets import read_lines
 from transformer import search as search_module
 from transformer.search import SearchWork
 from transformer.translation import Translator
@@ -105,7 +110,10 @@ HEADING = "## Decoding real text"
 DEFAULT_TEXT = ROOT.parent.resolve() / "shared" / "data" / "multi30k" / "test_2016_flickr"
 OURS, MARIAN, CT2_FLOAT32, CT2_INT8 = "ours fp32", "Marian generate fp32", "CTranslate2 float32", "CTranslate2 int8"
 OURS_KEPT, OURS_PATIENCE, OURS_INT8 = "ours fp32, rows kept", "ours fp32, patience", "ours int8"
-ENGINES = (OURS, OURS_KEPT, OURS_PATIENCE, OURS_INT8, MARIAN, CT2_FLOAT32, CT2_INT8)
+OURS_P1, CT2_P1 = "ours fp32, patience 1", "CTranslate2 float32, patience 1"  # CTranslate2's default rule in both
+ENGINES = (OURS, OURS_KEPT, OURS_PATIENCE, OURS_INT8, OURS_P1, MARIAN, CT2_FLOAT32, CT2_INT8, CT2_P1)
+# Which of ours each engine's output is compared with: the one that searches by the same rule.
+SAME_RULE = {CT2_P1: OURS_P1}
 BEAM = 4
 MAX_LEN_B = 50  # tokens after |source| (the paper's max length: source + 50)
 HF_BATCH = 32  # sentences per generate call
@@ -174,7 +182,8 @@ class MarianGenerate:
 class CTranslate2:
     """`translate_batch` on the whole text, which sorts and batches it itself."""
 
-    def __init__(self, directory: Path, *, compute_type: str, threads: int, lenpen: float, suppress: list[str]):
+    def __init__(self, directory: Path, *, compute_type: str, threads: int, lenpen: float, suppress: list[str],
+                 patience: float = CT2_PATIENCE):
         import ctranslate2
         import sentencepiece
 
@@ -183,12 +192,13 @@ class CTranslate2:
         self.source = sentencepiece.SentencePieceProcessor(model_file=str(directory / "source.spm"))
         self.target = sentencepiece.SentencePieceProcessor(model_file=str(directory / "target.spm"))
         self.lenpen = lenpen
+        self.patience = patience
         self.suppress = [[piece] for piece in suppress]
 
     def translate(self, lines: list[str], *, beam: int, cap: int | None = None) -> list[str]:
         pieces = self.source.encode(lines, out_type=str)
         results = self.translator.translate_batch(
-            pieces, max_batch_size=CT2_BATCH, batch_type="examples", beam_size=beam, patience=CT2_PATIENCE,
+            pieces, max_batch_size=CT2_BATCH, batch_type="examples", beam_size=beam, patience=self.patience,
             length_penalty=self.lenpen, min_decoding_length=0,
             max_decoding_length=max(len(p) for p in pieces) + MAX_LEN_B if cap is None else cap,
             suppress_sequences=self.suppress)
@@ -201,23 +211,27 @@ def build_engines(translator: Translator, workdir: Path, lenpen: float, names: l
     model, vocab = translator.model, translator.vocab
     engines = {OURS: Ours(translator, lenpen), OURS_KEPT: Ours(translator, lenpen, keep_rows=True),
                OURS_PATIENCE: Ours(translator, lenpen, stop="patience", patience=CT2_PATIENCE),
-               OURS_INT8: Ours(translator, lenpen, precision="int8")}
+               OURS_INT8: Ours(translator, lenpen, precision="int8"),
+               OURS_P1: Ours(translator, lenpen, stop="patience", patience=1.0)}
     engines = {name: engine for name, engine in engines.items() if name in names}
     if MARIAN in names:
         engines[MARIAN] = MarianGenerate(hf.export_marian(model, vocab, workdir / "hf", src_lang=translator.src_lang,
                                                           tgt_lang=translator.tgt_lang), lenpen)
-    ct2_dirs = {}
-    if CT2_FLOAT32 in names:
-        ct2_dirs[CT2_FLOAT32] = (hf.export_ctranslate2(model, vocab, workdir / "ct2-float32"), "float32")
+    ct2_dirs = {}  # engine: (directory, compute type, patience)
+    if CT2_FLOAT32 in names or CT2_P1 in names:
+        float32 = ct2_export.export_ctranslate2(model, vocab, workdir / "ct2-float32")
+        ct2_dirs.update({name: (float32, "float32", patience) for name, patience in
+                         ((CT2_FLOAT32, CT2_PATIENCE), (CT2_P1, 1.0)) if name in names})
     if CT2_INT8 in names:
-        ct2_dirs[CT2_INT8] = (hf.export_ctranslate2(model, vocab, workdir / "ct2-int8", quantization="int8"), "int8")
-    return engines, ct2_dirs
+        ct2_dirs[CT2_INT8] = (ct2_export.export_ctranslate2(model, vocab, workdir / "ct2-int8", quantization="int8"),
+                              "int8", CT2_PATIENCE)
+    return engines, {name: ct2_dirs[name] for name in ENGINES if name in ct2_dirs}  # in the tables' order
 
 
 def never_emitted(translator: Translator) -> list[str]:
     """The target pieces of PAD and BOS, which no engine may emit (ours: search.py's rule)."""
     config = translator.model.config
-    target = hf.vocabulary_tokens(translator.vocab)[1]
+    target = ct2_export.vocabulary_tokens(translator.vocab)[1]
     return sorted({target[config.pad_id], target[config.bos_id]})
 
 
@@ -229,15 +243,16 @@ def same(outputs: list[str], ours: list[str]) -> int:
 
 
 def same_as_ours(engines: dict, lines: list[str], cap: int) -> dict[str, dict[int, int]]:
-    """{engine: {beam: lines whose output equals ours}} for greedy and beam 4, every engine capped at the same
+    """{engine: {beam: lines whose output equals ours}} for greedy and beam 4 (ours: the engine of ours with the
+    same stop rule, SAME_RULE, else the default search), every engine capped at the same
     `cap` tokens before EOS for every sentence, so that the searches are defined the same way: with each
     engine's own cap (above), a hypothesis that runs away ends at a different length in each (seen: all 6
     greedy lines of 200 that differed were such runaways, equal up to the shorter cap)."""
     counts: dict[str, dict[int, int]] = {name: {} for name in engines if name != OURS}
     for beam in (1, BEAM):
-        ours = engines[OURS].translate(lines, beam=beam, cap=cap)
+        outputs = {name: engine.translate(lines, beam=beam, cap=cap) for name, engine in engines.items()}
         for name in counts:
-            counts[name][beam] = same(engines[name].translate(lines, beam=beam, cap=cap), ours)
+            counts[name][beam] = same(outputs[name], outputs[SAME_RULE.get(name, OURS)])
     return counts
 
 
@@ -260,11 +275,12 @@ def percent(count: int, total: int) -> str:
 
 
 def parity_rows(counts: dict[str, dict[int, int]], total: int) -> list[list[str]]:
-    """Rows of the parity table; the float32 peers and our loop before compaction are held to issue #16's
-    targets; int8 and the patience rule are shown, not held to them (they change the function or the search)."""
+    """Rows of the parity table; the float32 peers (against ours with the same stop rule) and our loop before
+    compaction are held to issue #16's targets; int8 and our patience rules against our exact search are shown,
+    not held to them (they change the function or the search)."""
     rows = []
     for name, by_beam in counts.items():
-        held = name in (MARIAN, CT2_FLOAT32, OURS_KEPT)
+        held = name in (MARIAN, CT2_FLOAT32, CT2_P1, OURS_KEPT)
         met = by_beam[1] == total and by_beam[BEAM] >= 0.99 * total
         rows.append([name, percent(by_beam[1], total), percent(by_beam[BEAM], total),
                      "all / ≥ 99 %" if held else "", ("met" if met else "missed") if held else ""])
@@ -291,7 +307,8 @@ def speed_row(name: str, threads: int, seconds: list[float], outputs: dict[str, 
     wall = median(seconds)
     sentences, pieces = len(refs), sum(len(row) for row in vocab.encode_target(outputs[name]))
     bleu = sacrebleu_scores(outputs[name], refs, lang=lang)[0]
-    equal = "—" if name == OURS else percent(same(outputs[name], outputs[OURS]), sentences)
+    mate = SAME_RULE.get(name, OURS)
+    equal = "—" if name == OURS or mate not in outputs else percent(same(outputs[name], outputs[mate]), sentences)
     print(f"{threads} thread(s) {name}: {sentences / wall:,.1f} sentences/s, {pieces / wall:,.0f} pieces/s, "
           f"{wall:.2f} s, BLEU {bleu.score:.2f}  (load {load_average():.1f})", flush=True)
     spread = f"{min(seconds):.2f}–{max(seconds):.2f}"
@@ -323,9 +340,9 @@ def run(args) -> str:
         for threads in args.threads:
             torch.set_num_threads(threads)
             engines = dict(fixed)
-            for name, (directory, compute_type) in ct2_dirs.items():
-                engines[name] = CTranslate2(directory, compute_type=compute_type, threads=threads,
-                                            lenpen=args.lenpen, suppress=never_emitted(translator))
+            for name, (directory, compute_type, patience) in ct2_dirs.items():
+                engines[name] = CTranslate2(directory, compute_type=compute_type, threads=threads, lenpen=args.lenpen,
+                                            suppress=never_emitted(translator), patience=patience)
             if not parity:  # at the first thread count
                 cap = max(len(row) for row in vocab.encode(lines[:PARITY_LINES])) + MAX_LEN_B
                 parity = parity_rows(same_as_ours(engines, lines[:PARITY_LINES], cap), len(lines[:PARITY_LINES]))
@@ -364,15 +381,18 @@ def section(args, translator: Translator, facts: dict, *, rows: list[list], pari
         f"engine (transformer/hf.py). Search: beam {BEAM}, length penalty |Y|^{args.lenpen:g} in every engine (ours "
         f"`lenpen_style=power`), at most |source| + {MAX_LEN_B} tokens (HF and CTranslate2: the longest source of "
         f"the batch or text + {MAX_LEN_B}), generate with `early_stopping=\"never\"`, CTranslate2 with patience "
-        f"{CT2_PATIENCE}. Batches: ours its own token batching ({translator.decode.max_tokens} source tokens, "
+        f"{CT2_PATIENCE} (`{CT2_P1}`: its default, 1). Batches: ours its own token batching "
+        f"({translator.decode.max_tokens} source tokens, "
         f"sorted by length); HF {HF_BATCH} sentences sorted by length; CTranslate2 `max_batch_size={CT2_BATCH}, "
         f"batch_type=\"examples\"` (it sorts by length). Target pieces: each engine's output text in the run's "
         f"SentencePiece pieces. How the engines' searches differ: the docstring of benchmarks/decode_real.py.", "",
         table(["threads", "engine", "sentences/s", "target pieces/s", "seconds a pass (median)", "spread",
-               "sacreBLEU", "same output as ours"], rows), "",
+               "sacreBLEU", "same output as ours*"], rows), "",
+        f"\\* ours: `{OURS}`, except for `{CT2_P1}`, compared with `{OURS_P1}` (the same stop rule).", "",
         f"Ours: `{OURS}` is the default search (exact stop rule, finished sentences leave the batch); "
         f"`{OURS_KEPT}` the loop before compaction (every row to the batch's end); `{OURS_PATIENCE}` "
-        f"`decode.stop=patience decode.patience={CT2_PATIENCE}` (CTranslate2's rule at its setting here); "
+        f"`decode.stop=patience decode.patience={CT2_PATIENCE}` (CTranslate2's rule at its setting here) and "
+        f"`{OURS_P1}` `decode.stop=patience decode.patience=1` (its default); "
         f"`{OURS_INT8}` `decode.precision=int8`. What one pass computed (search.SearchWork): decoder steps; "
         "row-steps computed, of open sentences, and useful (up to each sentence's best hypothesis); sentences that "
         "ran to their length cap; steps per sentence; milliseconds per computed row-step (the median pass).", "",

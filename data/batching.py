@@ -65,10 +65,12 @@ class BatchStream:
     Iterating (or `next_update()`) yields, per update, this rank's `update_freq` items `(slot, indices)`:
     `slot` is the batch's index within the update (0 … world_size·update_freq - 1, the same whatever the
     world size), `indices` the dataset rows of the batch. `skipped` counts the pairs over the budget.
+    `data` names the training set (its cache entry: the corpora, their weights and tags, cleaning, vocabulary):
+    a saved position is restored only into the stream of the same data.
     """
 
     def __init__(self, src_lens, tgt_lens, *, max_tokens: int, seed: int, world_size: int = 1, rank: int = 0,
-                 update_freq: int = 1):
+                 update_freq: int = 1, data: str = ""):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
         if update_freq < 1:
@@ -76,7 +78,7 @@ class BatchStream:
         batches, skipped = batch_by_size(src_lens, tgt_lens, max_tokens)
         if not batches:
             raise DataError(f"no training batch: all {skipped} pairs are longer than train.max_tokens={max_tokens}")
-        self.batches, self.skipped = batches, skipped
+        self.batches, self.skipped, self.data = batches, skipped, data
         self.seed, self.world_size, self.rank, self.update_freq = seed, world_size, rank, update_freq
         self._epoch, self._offset = 0, 0
         self._order: tuple[int, np.ndarray] | None = None
@@ -124,9 +126,14 @@ class BatchStream:
             yield self.next_update()
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self._epoch, "offset": self._offset, "batches_per_epoch": len(self.batches)}
+        return {"epoch": self._epoch, "offset": self._offset, "batches_per_epoch": len(self.batches), "data": self.data}
 
     def load_state_dict(self, state: dict) -> None:
+        if state.get("data") and self.data and state["data"] != self.data:  # older checkpoints name no data
+            raise DataError(
+                f"the saved data position is for the training set {state['data']}, but this run's is {self.data}: "
+                "the corpora, their weights or tags, the cleaning or the vocabulary changed since it was saved; "
+                "resume with the data it started with, or start a new run_dir")
         if state["batches_per_epoch"] != len(self.batches):
             raise DataError(
                 f"the saved data position is for {state['batches_per_epoch']} batches per epoch, but this run has "
@@ -200,6 +207,42 @@ class TokenArrays:
             with open(out / f"{side}_offsets.npy.tmp", "wb") as f:
                 np.save(f, arrays[f"{side}_offsets"], allow_pickle=False)
         for name in cls.FILES:  # `saved_in` wants all four: an interrupted rename is written again
+            os.replace(out / f"{name}.tmp", out / name)
+        return cls.load(out)
+
+    @classmethod
+    def gathered(cls, parts: list[tuple[TokenArrays, np.ndarray, int | None]], *, out: Path,
+                 rows_per_write: int = 100_000) -> TokenArrays:
+        """A mix of splits: for each (arrays, rows, prefix) the pairs `rows` of `arrays` (in that order; a row may
+        repeat), one part after the other, with the piece `prefix` (when not None) put first in each source.
+        Into memory-mapped files in the folder `out`, each under a temporary name until complete."""
+        for side in ("src", "tgt"):
+            lengths = []
+            for source, rows, prefix in parts:
+                row_lengths = np.diff(getattr(source, f"{side}_offsets"))[rows]
+                lengths.append(row_lengths + 1 if prefix is not None and side == "src" else row_lengths)
+            offsets = np.zeros(sum(len(n) for n in lengths) + 1, dtype=np.int64)
+            np.cumsum(np.concatenate(lengths) if lengths else [], out=offsets[1:])
+            values = np.lib.format.open_memmap(out / f"{side}.npy.tmp", mode="w+", dtype=np.int32,
+                                               shape=(int(offsets[-1]),))
+            first = 0  # the mix's row where this part starts
+            for source, rows, prefix in parts:
+                prefix = prefix if side == "src" else None
+                for start in range(0, len(rows), rows_per_write):
+                    piece_rows = np.asarray(rows[start:start + rows_per_write], dtype=np.int64)
+                    body, body_lengths = _gather(getattr(source, side), getattr(source, f"{side}_offsets"),
+                                                 piece_rows)
+                    starts = offsets[first + start:first + start + len(piece_rows)]
+                    skip = 0 if prefix is None else 1
+                    if prefix is not None:
+                        values[starts] = prefix
+                    at = np.cumsum(body_lengths) - body_lengths
+                    values[np.arange(len(body), dtype=np.int64) + np.repeat(starts + skip - at, body_lengths)] = body
+                first += len(rows)
+            values.flush()
+            with open(out / f"{side}_offsets.npy.tmp", "wb") as f:
+                np.save(f, offsets, allow_pickle=False)
+        for name in cls.FILES:
             os.replace(out / f"{name}.tmp", out / name)
         return cls.load(out)
 

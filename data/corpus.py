@@ -24,8 +24,9 @@ import datasets
 import numpy as np
 
 from data.errors import DataError
-from transformer.checkpoint import atomic_write
-from transformer.errors import one_line
+from data.files import atomic_write
+from data.errors import one_line
+from data.lines import count_lines
 from data.vocab import MarianVocab, Vocab, load_vocab
 
 HUB_UNREACHABLE = "the hub cannot be reached; use data.dataset=<local dir> or experiment=quickstart"
@@ -161,14 +162,6 @@ def _load_text(source: TextSource, *, cache_dir: Path, hashes: FileHashes) -> da
         raise
 
 
-def count_lines(path: Path) -> int:
-    """Lines as `for line in open(path, "rb")` sees them: "\\n"-terminated, plus an unterminated last one."""
-    n, last = 0, b"\n"
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            n += chunk.count(b"\n")
-            last = chunk[-1:]
-    return n + (last != b"\n")
 
 
 def _read_parallel(src_path: str, tgt_path: str):

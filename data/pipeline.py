@@ -34,10 +34,10 @@ from filelock import FileLock
 from data import corpus
 from data.batching import TokenArrays
 from data.corpus import CleanReport
-from data.errors import DataError
-from transformer.checkpoint import atomic_write
+from data.config import DataConfig
+from data.errors import ConfigError, DataError
+from data.files import atomic_write
 from data.vocab import Vocab, load_vocab, train_vocab
-from transformer.config import ConfigError, DataConfig
 
 SPLITS = ("train", "valid", "test")
 CACHE_FORMAT = 1
@@ -82,65 +82,47 @@ class Prepared:
         return self.splits[name]
 
 
-@dataclass(frozen=True, kw_only=True)
-class DataSettings:
-    """The `data.*` keys, read once and checked (see docs/DATA.md for their meaning and defaults)."""
+def data_config(cfg: DataConfig | Mapping) -> DataConfig:
+    """`cfg` as a checked DataConfig: train.py's, or a mapping of its keys (absent ones take the defaults)."""
+    if isinstance(cfg, DataConfig):
+        return cfg
+    names = {f.name for f in dataclasses.fields(DataConfig)}
+    unknown = sorted(set(cfg) - names)
+    if unknown:
+        raise DataError(f"unknown config key data.{unknown[0]} (see docs/DATA.md)")
+    try:
+        return DataConfig(**cfg)
+    except ConfigError as error:
+        raise DataError(str(error)) from None
 
-    src_lang: str
-    tgt_lang: str
-    vocab_size: int | None
-    spm_model: str | None
-    dataset: str | None
-    subset: str | None
-    revision: str | None
-    prefixes: dict[str, str | None]
-    split_names: dict[str, str]
-    vocab_sample: int
-    max_len: int | None
-    max_len_ratio: float | None
-    dedup: bool
-    num_workers: int
-    cache_dir: str | None
 
-    @classmethod
-    def from_config(cls, cfg: DataConfig | Mapping) -> DataSettings:
-        """From train.py's `DataConfig`, or a mapping of its keys (absent ones take DataConfig's defaults);
-        the range checks are DataConfig's."""
-        if not isinstance(cfg, DataConfig):
-            names = {f.name for f in dataclasses.fields(DataConfig)}
-            unknown = sorted(set(cfg) - names)
-            if unknown:
-                raise DataError(f"unknown config key data.{unknown[0]} (see docs/DATA.md)")
-            try:
-                cfg = DataConfig(**cfg)
-            except ConfigError as error:
-                raise DataError(str(error)) from None
-        return cls(
-            src_lang=cfg.src_lang, tgt_lang=cfg.tgt_lang, vocab_size=cfg.vocab_size, spm_model=cfg.spm_model,
-            dataset=cfg.dataset, subset=cfg.subset, revision=cfg.revision,
-            prefixes={split: getattr(cfg, f"{split}_prefix") for split in SPLITS},
-            split_names={split: getattr(cfg, f"{split}_split") for split in SPLITS},
-            vocab_sample=cfg.vocab_sample, max_len=cfg.max_len, max_len_ratio=cfg.max_len_ratio,
-            dedup=cfg.dedup, num_workers=cfg.num_workers, cache_dir=cfg.cache_dir,
-        )
+def source(cfg: DataConfig, split: str) -> corpus.Source:
+    """Where `split` ("train", "valid" or "test") is read from: the hub dataset's split, or <prefix>.<lang>;
+    "train+<i>" is the extra training corpus `data.extra_train[i - 1]`."""
+    if split.startswith("train+"):
+        return corpus.text_source(cfg.extra_train[int(split[6:]) - 1].prefix, cfg.src_lang, cfg.tgt_lang)
+    if cfg.dataset:
+        return corpus.HubSource(name=cfg.dataset, subset=cfg.subset, split=getattr(cfg, f"{split}_split"),
+                                src_lang=cfg.src_lang, tgt_lang=cfg.tgt_lang, revision=cfg.revision)
+    prefix = getattr(cfg, f"{split}_prefix")
+    if not prefix:
+        raise DataError(f"data.{split}_prefix is not set; the {split} split needs <prefix>.{cfg.src_lang} "
+                        f"and <prefix>.{cfg.tgt_lang}")
+    return corpus.text_source(prefix, cfg.src_lang, cfg.tgt_lang)
 
-    def source(self, split: str) -> corpus.Source:
-        if self.dataset:
-            return corpus.HubSource(name=self.dataset, subset=self.subset, split=self.split_names[split],
-                                    src_lang=self.src_lang, tgt_lang=self.tgt_lang, revision=self.revision)
-        prefix = self.prefixes[split]
-        if not prefix:
-            raise DataError(f"data.{split}_prefix is not set; the {split} split needs <prefix>.{self.src_lang} "
-                            f"and <prefix>.{self.tgt_lang}")
-        return corpus.text_source(prefix, self.src_lang, self.tgt_lang)
 
-    def cleaning(self, split: str) -> dict:
-        """Training pairs are filtered; valid and test keep every line (BLEU needs them aligned with
-        their references), so there only the text is stripped."""
-        if split == "train":
-            return {"max_len": self.max_len, "max_len_ratio": self.max_len_ratio, "dedup": self.dedup,
-                    "drop_empty": True}
-        return {"max_len": None, "max_len_ratio": None, "dedup": False, "drop_empty": False}
+def cleaning(cfg: DataConfig, split: str) -> dict:
+    """Training pairs are filtered; valid and test keep every line (BLEU needs them aligned with their
+    references), so there only the text is stripped."""
+    if split.startswith("train"):
+        return {"max_len": cfg.max_len, "max_len_ratio": cfg.max_len_ratio, "dedup": cfg.dedup, "drop_empty": True}
+    return {"max_len": None, "max_len_ratio": None, "dedup": False, "drop_empty": False}
+
+
+def training_corpora(cfg: DataConfig) -> list[tuple[str, float, str | None]]:
+    """(split name, weight, tag) of every training corpus: the main one ("train"), then data.extra_train."""
+    return [("train", cfg.train_weight, None)] + [(f"train+{i}", c.weight, c.tag)
+                                                   for i, c in enumerate(cfg.extra_train, start=1)]
 
 
 def prepare(
@@ -158,12 +140,12 @@ def prepare(
     or loading one. Safe to call from several processes at once (a file lock serialises them: call it
     on every rank, the first one prepares, the others load).
     """
-    settings = DataSettings.from_config(data_cfg)
+    settings = data_config(data_cfg)
     for split in splits:
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
-    for split in splits:  # a missing file or prefix is reported before the vocabulary is trained
-        settings.source(split)
+    for split in [*splits, *(name for name, _, _ in training_corpora(settings)[1:] if "train" in splits)]:
+        source(settings, split)  # a missing file or prefix is reported before the vocabulary is trained
     run_dir = Path(run_dir)
     cache_dir = Path(settings.cache_dir).expanduser() if settings.cache_dir else run_dir / "data"
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -173,31 +155,95 @@ def prepare(
 
         def load_clean(split: str) -> tuple[datasets.Dataset, CleanReport]:
             if split not in cleaned:
-                raw = corpus.load(settings.source(split), cache_dir=cache_dir, hashes=hashes)
-                ds, report = corpus.clean(raw, **settings.cleaning(split), num_proc=settings.num_workers)
+                raw = corpus.load(source(settings, split), cache_dir=cache_dir, hashes=hashes)
+                ds, report = corpus.clean(raw, **cleaning(settings, split), num_proc=settings.num_workers)
                 log(f"data: {split}: {report.summary()}")
                 if report.kept == 0:
-                    what = "training corpus" if split == "train" else f"{split} split"
+                    what = {"train": "training corpus"}.get(split, f"{split} split")
+                    if split.startswith("train+"):
+                        what = f"training corpus data.extra_train[{int(split[6:]) - 1}]"
                     raise DataError(f"the {what} is empty after cleaning: {report.summary()} "
                                     "(check the files, or relax data.max_len / data.max_len_ratio)")
                 cleaned[split] = ds, report
             return cleaned[split]
 
         vocab, vocab_path = _resolve_vocab(settings, run_dir, vocab, load_clean=load_clean, seed=seed, log=log)
+        encoded = lambda split: _split(settings, split, vocab, cache_dir=cache_dir, hashes=hashes,  # noqa: E731
+                                       load_clean=load_clean, log=log)
         out = {}
         for split in splits:
-            ds, report, entry = _encoded_split(
-                settings, split, vocab, cache_dir=cache_dir, hashes=hashes, load_clean=load_clean, log=log)
-            src_lengths, tgt_lengths = corpus.lengths(ds)
-            if not TokenArrays.saved_in(entry):  # also for a cache entry written before they existed
-                TokenArrays.from_dataset(ds, out=entry)
-            out[split] = Split(dataset=ds, src_lengths=src_lengths, tgt_lengths=tgt_lengths, report=report,
-                               cache_entry=entry, tokens=TokenArrays.load(entry))
+            if split == "train" and settings.mixes_corpora:
+                out[split] = _mixed_training_set(settings, vocab, encoded, cache_dir=cache_dir, seed=seed, log=log)
+            else:
+                out[split] = encoded(split)
     return Prepared(vocab=vocab, vocab_path=vocab_path, splits=out)
 
 
+def _split(settings: DataConfig, split: str, vocab: Vocab, *, cache_dir: Path, hashes, load_clean, log) -> Split:
+    ds, report, entry = _encoded_split(settings, split, vocab, cache_dir=cache_dir, hashes=hashes,
+                                       load_clean=load_clean, log=log)
+    src_lengths, tgt_lengths = corpus.lengths(ds)
+    if not TokenArrays.saved_in(entry):  # also for a cache entry written before they existed
+        TokenArrays.from_dataset(ds, out=entry)
+    return Split(dataset=ds, src_lengths=src_lengths, tgt_lengths=tgt_lengths, report=report, cache_entry=entry,
+                 tokens=TokenArrays.load(entry))
+
+
+# ------------------------------------------------------------------------------------ several corpora
+def _mixed_training_set(settings: DataConfig, vocab: Vocab, encoded: Callable[[str], Split], *, cache_dir: Path,
+                        seed: int, log) -> Split:
+    """The training set of several corpora (or of one with a weight): each corpus's pairs `weight` times (a
+    fraction of a time as a subset drawn from the seed), its sources led by its tag, one corpus after the
+    other; BatchStream shuffles the batches. Cached like a split (memory-mapped, keyed by its parts)."""
+    corpora = training_corpora(settings)
+    parts = [(name, encoded(name), weight, _tag_id(vocab, tag, name)) for name, weight, tag in corpora]
+    key = {"format": CACHE_FORMAT, "seed": seed,
+           "parts": [[split.cache_entry.name, weight, tag_id] for _, split, weight, tag_id in parts]}
+    entry = cache_dir / f"train-mix-{corpus.digest(key)}"
+    rows = [_weighted_rows(len(split.src_lengths), weight, seed=seed, corpus=i)
+            for i, (_, split, weight, _) in enumerate(parts)]
+    if not TokenArrays.saved_in(entry):
+        entry.mkdir(parents=True, exist_ok=True)
+        TokenArrays.gathered([(split.tokens, r, tag_id) for (_, split, _, tag_id), r in zip(parts, rows)], out=entry)
+    for (name, split, weight, tag_id), r in zip(parts, rows):
+        tag = f", tag {vocab.pieces([tag_id])[0]}" if tag_id is not None else ""
+        log(f"data: training corpus {_corpus_name(name)}: {len(split.src_lengths)} pairs × weight {weight:g}"
+            f"{tag} = {len(r)} pairs an epoch")
+    tokens = TokenArrays.load(entry)
+    reports = [split.report for _, split, _, _ in parts]
+    report = CleanReport(**{field: sum(getattr(r, field) for r in reports) for field in ("read", "empty", "too_long",
+                                                                                        "ratio", "duplicates")})
+    return Split(dataset=datasets.concatenate_datasets([split.dataset for _, split, _, _ in parts]),
+                 src_lengths=np.diff(tokens.src_offsets), tgt_lengths=np.diff(tokens.tgt_offsets),
+                 report=report, cache_entry=entry, tokens=tokens)
+
+
+def _corpus_name(split: str) -> str:
+    return "data.train_prefix/dataset" if split == "train" else f"data.extra_train[{int(split[6:]) - 1}]"
+
+
+def _weighted_rows(n: int, weight: float, *, seed: int, corpus: int) -> np.ndarray:
+    """Row indices of a corpus of n pairs for one epoch at `weight`: every row int(weight) times, then the
+    fractional rest as distinct rows drawn once from (seed, corpus)."""
+    whole = int(weight)
+    rest = int(round((weight - whole) * n))
+    drawn = np.sort(np.random.default_rng([seed, corpus, 0xB7]).choice(n, size=rest, replace=False))
+    return np.concatenate([np.tile(np.arange(n, dtype=np.int64), whole), drawn.astype(np.int64)])
+
+
+def _tag_id(vocab: Vocab, tag: str | None, split: str) -> int | None:
+    if tag is None:
+        return None
+    found = vocab.piece_id(tag) if hasattr(vocab, "piece_id") else None
+    if found is None:
+        raise DataError(f"{_corpus_name(split)}.tag={tag} is not a piece of the vocabulary: a vocabulary trained "
+                        f"here reserves it; with data.spm_model or init_from's (data.vocab=keep), train one with it as "
+                        "a user-defined symbol, or use data.vocab=transfer")
+    return found
+
+
 # ------------------------------------------------------------------------------------------ vocabulary
-def _resolve_vocab(settings: DataSettings, run_dir: Path, given: Vocab | None, *, load_clean, seed: int,
+def _resolve_vocab(settings: DataConfig, run_dir: Path, given: Vocab | None, *, load_clean, seed: int,
                    log) -> tuple[Vocab, Path]:
     """The run's vocabulary: given > data.spm_model > run_dir/spm.model > trained (then stored there)."""
     path = run_dir / VOCAB_FILE
@@ -218,12 +264,16 @@ def _resolve_vocab(settings: DataSettings, run_dir: Path, given: Vocab | None, *
         if settings.vocab_size is None:
             raise DataError(f"data.vocab_size is null and there is no vocabulary to use ({path}, data.spm_model): "
                             "set data.vocab_size (37000 for WMT14 EN-DE, 32000 for EN-FR)")
-        train, _ = load_clean("train")
+        # Sampled from every training corpus as it is (each once, untagged); the tags are reserved pieces.
+        train = [load_clean(name)[0] for name, _, _ in training_corpora(settings)]
+        train = train[0] if len(train) == 1 else datasets.concatenate_datasets(train)
         sentences, total = corpus.sample_sentences(train, settings.vocab_sample, seed=seed)
+        reserved = f", reserving {', '.join(settings.tags)}" if settings.tags else ""
         log(f"data: training a {settings.vocab_size}-piece BPE vocabulary on {total} sentences "
-            f"(sampled from {len(train)} pairs, both sides)")
+            f"(sampled from {len(train)} pairs, both sides){reserved}")
         start = time.monotonic()
-        vocab = train_vocab(sentences, path, settings.vocab_size, num_threads=settings.num_workers, total=total)
+        vocab = train_vocab(sentences, path, settings.vocab_size, num_threads=settings.num_workers, total=total,
+                            reserved=settings.tags)
         log(f"data: vocabulary: {path} ({vocab.size} pieces, {time.monotonic() - start:.1f} s)")
         return vocab, path
     if stored is not None and stored.sha256 != vocab.sha256:
@@ -235,13 +285,13 @@ def _resolve_vocab(settings: DataSettings, run_dir: Path, given: Vocab | None, *
 
 
 # ------------------------------------------------------------------------------------------ encoded splits
-def _encoded_split(settings: DataSettings, split: str, vocab: Vocab, *, cache_dir: Path, hashes, load_clean,
+def _encoded_split(settings: DataConfig, split: str, vocab: Vocab, *, cache_dir: Path, hashes, load_clean,
                    log) -> tuple[datasets.Dataset, CleanReport, Path]:
     """The split from its cache entry, or loaded, cleaned and encoded into a new one."""
-    corpus_id = corpus.identity(settings.source(split), hashes)
+    corpus_id = corpus.identity(source(settings, split), hashes)
     keep_text = split != "train"
     key = {"format": CACHE_FORMAT, "corpus": corpus_id, "langs": [settings.src_lang, settings.tgt_lang],
-           "clean": settings.cleaning(split), "vocab": vocab.sha256, "keep_text": keep_text}
+           "clean": cleaning(settings, split), "vocab": vocab.sha256, "keep_text": keep_text}
     entry = cache_dir / f"{split}-{corpus.digest(key)}"
     meta_path = entry / "meta.json"
     try:

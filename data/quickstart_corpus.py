@@ -48,9 +48,9 @@ relative or complement clause always belongs to that clause. Source sentences ha
 
 The lexicon is small on purpose (40 nouns, 34 verbs, 17 adjectives, 6 names, 10 adverbs: about 370
 English and 610 German word forms) and sentences are short (9 words on average), so that the
-quickstart's budget suffices: a 2+2-layer model of width 128 (1M parameters) reached BLEU 85 (greedy)
-after 400 updates of ~5k tokens; a draft with ~270 lemmas and sentences of up to 25 words was at BLEU 41
-after 285 updates, where this grammar is at ~70.
+quickstart's budget of a few CPU minutes suffices to translate it almost perfectly; a larger draft grammar
+(more lemmas, longer sentences) learned far slower at the same budget (docs/BENCHMARKS.md, "Quickstart",
+has what the preset reaches).
 
 Sentences are deduplicated by their source, so held-out splits never occur in training::
 
@@ -68,7 +68,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformer.checkpoint import atomic_write
+from data.files import atomic_write
 
 log = logging.getLogger(__name__)
 

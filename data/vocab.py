@@ -26,14 +26,14 @@ import json
 import os
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
 from tqdm import tqdm
 
 from data.errors import DataError
-from transformer.checkpoint import atomic_write
+from data.files import atomic_write
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 _SPACE = "\u2581"  # SentencePiece's visible space, "▁"
@@ -119,6 +119,11 @@ class Vocab:
 
     def pieces(self, ids: list[int]) -> list[str]:
         return [self._sp.id_to_piece(int(i)) for i in ids]
+
+    def piece_id(self, piece: str) -> int | None:
+        """The id of the piece spelled exactly `piece` (e.g. a tag trained as a user-defined symbol), or None."""
+        found = self._sp.piece_to_id(piece)
+        return None if found == UNK_ID and piece != self._sp.id_to_piece(UNK_ID) else found
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the model atomically (temporary file, fsync, rename)."""
@@ -269,11 +274,13 @@ def train_vocab(
     character_coverage: float = 0.9999,
     num_threads: int = 1,
     total: int | None = None,
+    reserved: Sequence[str] = (),
 ) -> Vocab:
     """Train a BPE model on `texts` (already sampled: all of them are used) and save it to `path`.
 
     The caller bounds the sample (`data.vocab_sample`); SentencePiece keeps the sentences in memory.
-    `total` only sizes the progress bar.
+    `total` only sizes the progress bar. `reserved`: pieces kept whole wherever they appear (SentencePiece's
+    user-defined symbols), e.g. the tag of tagged back-translation.
     """
     model = io.BytesIO()
     read_all = threading.Event()
@@ -298,6 +305,7 @@ def train_vocab(
                 eos_id=EOS_ID,
                 normalization_rule_name="nmt_nfkc",
                 input_sentence_size=0,  # the caller samples; 0 = use every sentence given
+                user_defined_symbols=list(reserved),
                 num_threads=max(1, num_threads),
                 minloglevel=2,
             )
@@ -332,14 +340,14 @@ def train_vocab(
     return vocab
 
 
-def _first_line(e: BaseException) -> str:
+def _last_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[-1] if text else type(e).__name__
 
 
 def _spm_message(e: BaseException) -> str:
     """SentencePiece's message without its source location: "INTERNAL: x.cc(744) [cond] Text" -> "Text"."""
-    line = _first_line(e)
+    line = _last_line(e)
     return line.rsplit("] ", 1)[-1].strip() or line
 
 

@@ -170,10 +170,45 @@ def session_directory(tmp_path_factory, name: str) -> Path:
     return tmp_path_factory.getbasetemp().parent / name
 
 
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """The training tests' generated corpus (`helpers.Corpus`): 300 training pairs, 16 validation pairs, a
+    400-piece vocabulary and the encoded cache, prepared once a module."""
+    from data.quickstart_corpus import write_corpus
+    from helpers import Corpus, train_main
+
+    c = Corpus(tmp_path_factory.mktemp("train_corpus"))
+    write_corpus(c.directory / "corpus", train=300, valid=16, test=0, seed=1)
+    assert train_main(c.overrides(c.directory / "prep", {"prepare_only": "true"}, vocab=False)) == 0
+    assert c.spm_model.is_file()
+    return c
+
+
+@pytest.fixture(scope="module")
+def disagreeing_checkpoints(tmp_path_factory) -> tuple[Path, Path]:
+    """Two untrained models of one vocabulary, seeds 1 and 2 (`helpers.SMALL`): they disagree on every one of
+    `helpers.DISAGREEING_SOURCES`, in milliseconds."""
+    import dataclasses
+
+    from data.vocab import train_vocab
+    from helpers import DISAGREEING_SOURCES, SMALL, tiny_model
+    from transformer import checkpoint as ckpt
+
+    directory = tmp_path_factory.mktemp("disagreeing")
+    vocab = train_vocab(DISAGREEING_SOURCES * 50, None, 300)
+    paths = []
+    for seed in (1, 2):
+        model = tiny_model(seed, random_norms=False, vocab_size=vocab.size, **SMALL)
+        paths.append(directory / f"seed{seed}.pt")
+        ckpt.save(ckpt.checkpoint_dict(kind="train", step=None, model_config=dataclasses.asdict(model.config),
+                                       model=model.state_dict(), spm_model=vocab.model_proto, config=None), paths[-1])
+    return paths[0], paths[1]
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> TinyRun:
     """Train the tiny reversal model once per test run, on two threads: nothing compares its weights with
-    another run's (on a 2-core AVX2-only AMD EPYC, 2026-12-02: 166 s, against 215 s on one thread). Under
+    another run's (two threads were faster than one, even on a shared 2-core machine). Under
     pytest-xdist the first worker to need it trains it while the others wait on a file lock.
     `helpers.train_main` puts back what train.py sets for the whole process.
     """

@@ -18,20 +18,13 @@ import torch  # noqa: E402
 from transformer import kernels  # noqa: E402
 from transformer.config import DecodeConfig  # noqa: E402
 from transformer.loss import label_smoothed_nll  # noqa: E402
-from transformer.model import Transformer, TransformerConfig  # noqa: E402
+from helpers import tiny_model  # noqa: E402
 from transformer.translation import translate_ids  # noqa: E402
-
-
-def tiny_model() -> Transformer:
-    torch.manual_seed(0)
-    config = TransformerConfig(vocab_size=40, d_model=32, heads=4, d_ff=64, encoder_layers=2, decoder_layers=2,
-                               dropout=0.0)
-    return Transformer(config)
 
 
 def train_update(precision: str) -> dict[str, float]:
     """One update of a tiny model as train.py makes it (autocast, GradScaler for fp16): loss, grad norm."""
-    model = tiny_model()
+    model = tiny_model(random_norms=False).train()
     src = torch.randint(4, 40, (4, 7), generator=torch.Generator().manual_seed(1))
     tgt = torch.randint(4, 40, (4, 6), generator=torch.Generator().manual_seed(2))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -51,7 +44,7 @@ def train_update(precision: str) -> dict[str, float]:
 
 def decode(precision: str) -> list[list[int]]:
     """Beam search with the weights in `precision`, as translate.py's decode.precision."""
-    model = tiny_model().eval()
+    model = tiny_model(random_norms=False)
     sources = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
     hyps = translate_ids(model, sources, DecodeConfig(beam=2, max_len_a=0, max_len_b=5, precision=precision))
     return [best[0].tokens for best in hyps]

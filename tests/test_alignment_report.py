@@ -26,24 +26,17 @@ if str(ROOT) not in sys.path:
 import evaluate  # noqa: E402
 import translate  # noqa: E402
 from transformer.alignment import cross_attention, recording_cross_attention, word_alignment  # noqa: E402
-from transformer.model import Transformer, TransformerConfig  # noqa: E402
-from transformer.scoring import read_lines  # noqa: E402
+from helpers import tiny_model, user_error  # noqa: E402
+from transformer.testsets import read_lines  # noqa: E402
 
 ALIGNED = re.compile(r"(.*) \|\|\| ((?:\d+-\d+(?: \d+-\d+)*)?)")
-
-
-def tiny_model(*, layers: int = 2, seed: int = 0) -> Transformer:
-    torch.manual_seed(seed)
-    config = TransformerConfig(vocab_size=50, d_model=32, heads=4, d_ff=64, encoder_layers=layers,
-                               decoder_layers=layers, dropout=0.0)
-    return Transformer(config).eval()
 
 
 # ------------------------------------------------------------------------------------- attention weights
 
 
 def test_recorded_cross_attention_leaves_outputs_equal_and_equals_multihead_attention(one_torch_thread):
-    model = tiny_model()
+    model = tiny_model(random_norms=False, vocab_size=50)
     src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])  # the second row padded
     tgt = torch.tensor([[2, 11, 12, 13], [2, 14, 15, 0]])
     with torch.no_grad():
@@ -79,7 +72,7 @@ def test_recorded_cross_attention_leaves_outputs_equal_and_equals_multihead_atte
 
 
 def test_cross_attention_of_a_pair_has_one_row_per_output_and_one_column_per_source_piece(one_torch_thread):
-    model = tiny_model(layers=3).train()
+    model = tiny_model(random_norms=False, vocab_size=50, encoder_layers=3, decoder_layers=3).train()
     attention = cross_attention(model, [5, 6, 7], [8, 9])
     assert attention.shape == (3, 4, 3, 4)  # layers, heads, 2 pieces + EOS, 3 pieces + EOS
     assert model.training  # its mode is put back
@@ -147,7 +140,6 @@ def test_alignments_of_the_reversal_model_are_the_mirrored_diagonal(tiny_run, ca
 
 
 def test_alignment_refuses_nbest_and_a_layer_the_model_lacks(tiny_run, capsys, monkeypatch):
-    from test_translate_evaluate import user_error
 
     line = user_error(translate, [f"checkpoint={tiny_run.run_dir}", "alignment=true", "decode.nbest=2"], capsys,
                       monkeypatch)
@@ -198,7 +190,6 @@ def test_report_has_its_figures_as_non_blank_pngs_and_decodes_once(tiny_run, tmp
 
 def test_report_is_off_for_a_loose_checkpoint_and_on_request_needs_an_out_directory(tiny_run, tmp_path, capsys,
                                                                                      monkeypatch):
-    from test_translate_evaluate import user_error
 
     _, ref = tiny_run.files("test")
     line = user_error(evaluate, [f"hyp={ref}", f"ref={ref}", "report=true"], capsys, monkeypatch)

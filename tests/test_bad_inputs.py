@@ -33,7 +33,7 @@ TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
-from test_train import ROOT, Corpus, corpus, subprocess_env, train_main  # noqa: E402,F401  (corpus: a fixture)
+from helpers import ROOT, Corpus, subprocess_env, train_main  # noqa: E402
 
 import evaluate  # noqa: E402
 import translate  # noqa: E402
@@ -44,7 +44,7 @@ from transformer.cli import main_with_user_errors  # noqa: E402
 
 
 class Workspace:
-    """The generated corpus with its vocabulary (tests/test_train.py's Corpus), a short trained run to
+    """The generated corpus with its vocabulary (tests/helpers.py's Corpus), a short trained run to
     translate with and to damage copies of, a second vocabulary, and fresh folders on demand."""
 
     def __init__(self, root: Path, corpus: Corpus):

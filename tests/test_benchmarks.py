@@ -1,6 +1,7 @@
 """The benchmark scripts run: benchmarks/gpu_check.py --smoke takes every step of the GPU check on the CPU
 with a tiny model, so the script is ready the day a GPU is lent; benchmarks/decode_real.py --smoke decodes a
-few real lines with the session's tiny trained model in every engine (the figures of both mean nothing here)."""
+few real lines with the session's tiny trained model in every engine, and benchmarks/translate_corpus.py --smoke
+translates a few lines as a file in ours and CTranslate2 (the figures mean nothing here)."""
 
 from __future__ import annotations
 
@@ -47,8 +48,9 @@ def test_decode_real_smoke_reports_every_engine_and_parity(tiny_run, tmp_path):
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     section = markdown.read_text(encoding="utf-8").split("## Decoding real text\n", 1)[1]
     assert "**Smoke run** (10 lines" in section
-    ours = ["ours fp32", "ours fp32, rows kept", "ours fp32, patience", "ours int8"]
-    engines = ours + ["Marian generate fp32", "CTranslate2 float32", "CTranslate2 int8"]
+    ours = ["ours fp32", "ours fp32, rows kept", "ours fp32, patience", "ours int8", "ours fp32, patience 1"]
+    engines = ours + ["Marian generate fp32", "CTranslate2 float32", "CTranslate2 int8",
+                      "CTranslate2 float32, patience 1"]
     for engine in engines:  # sentences/s, pieces/s, median seconds, their spread, BLEU
         assert re.search(rf"^\| 1 \| {engine} \| [\d,.]+ \| [\d,]+ \| [\d.]+ \| [\d.]+–[\d.]+ \| [\d.]+ \|", section,
                          re.M), engine
@@ -59,4 +61,26 @@ def test_decode_real_smoke_reports_every_engine_and_parity(tiny_run, tmp_path):
                                                    re.M)}
     assert list(parity) == engines[1:]  # greedy and beam-4 counts of every other engine
     assert parity["Marian generate fp32"][0] == parity["CTranslate2 float32"][0] == "10"
+    assert parity["CTranslate2 float32, patience 1"][0] == "10"  # against ours with the same rule
     assert parity["ours fp32, rows kept"] == ("10", "10")
+
+
+@pytest.mark.slow
+@pytest.mark.extras("ctranslate2")  # the peer it measures
+def test_translate_corpus_smoke_times_both_searches_in_both_engines(tiny_run, tmp_path):
+    """benchmarks/translate_corpus.py runs translate.py's file path and CTranslate2's translate_file on a few
+    lines, beam and sampling, and writes a row per engine and search."""
+    source, _ = tiny_run.files("test")
+    markdown = tmp_path / "BENCHMARKS.md"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "translate_corpus.py"), "--smoke", "--run-dir",
+                             str(tiny_run.run_dir), "--input", str(source), "--lines", "8", "--write", str(markdown)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1",
+                                 "HF_HUB_OFFLINE": "1", "HOME": str(tmp_path)})
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    section = markdown.read_text(encoding="utf-8").split("## Translating a monolingual corpus\n", 1)[1]
+    assert "**Smoke run**" in section and "the first 8 lines" in section
+    for search in ("beam 4", "sampling"):
+        for engine in ("ours", "CTranslate2 float32"):
+            assert re.search(rf"^\| {search} \| {engine} \| [\d,.]+ \| [\d.]+ \| [\d.]+–[\d.]+ \| [\d.]+× \|", section,
+                             re.M), (search, engine)

@@ -9,15 +9,11 @@ import time
 import pytest
 import torch
 
-import test_train
-from test_model import VOCAB, tiny_model
-from test_train import run
+from helpers import VOCAB, run, tiny_model
 from transformer import checkpoint as ckpt
 from transformer.budget import Budget, Costs, another_update_fits, process_age
 from transformer.config import DecodeConfig
 from transformer.translation import DeadlinePassed, translate_ids
-
-corpus = test_train.corpus
 
 
 def test_another_update_fits_only_with_room_for_it_a_validation_the_last_save_and_the_end():
@@ -72,7 +68,9 @@ def test_a_finished_max_time_run_started_again_prices_its_work_from_the_checkpoi
                                           "train.save_every_steps": 5, "train.valid_every_steps": 5}
     first = run(corpus, run_dir, changes)
     assert first["update_seconds"] > 0 and first["save_seconds"] > 0 and first["validation_seconds"] > 0
-    assert first["wall_seconds"] <= 8 + 1  # costs are the latest measured: jitter of a fraction of a second
+    # costs are the latest measured, so the overrun is one step's jitter: a fraction of a second when idle,
+    # nearly 2 s on CI's loaded 2-core machine (9.95 s); pricing at 0, the bug guarded here, overruns by updates
+    assert first["wall_seconds"] <= 8 * 1.5
     again = run(corpus, run_dir, changes)
     assert again["step"] == first["step"]
 

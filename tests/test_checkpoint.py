@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from transformer import checkpoint
+from data.errors import WriteError
+from data.files import link_or_copy
 from transformer.checkpoint import CheckpointError
 from transformer.schedule import make_optimizer, make_scheduler
 
@@ -98,7 +100,7 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
             raise RuntimeError("[enforce fail at inline_container.cc] unexpected pos")
 
     monkeypatch.setattr(torch, "save", disk_full)
-    with pytest.raises(CheckpointError, match="could not write checkpoint .*last.pt: No space left on device"):
+    with pytest.raises(WriteError, match="could not write checkpoint .*last.pt: No space left on device"):
         checkpoint.save(_ckpt(200), path)
     monkeypatch.undo()
     assert checkpoint.load(path)["step"] == 100
@@ -113,11 +115,12 @@ def test_write_beyond_the_file_size_limit_keeps_the_previous_checkpoint(tmp_path
         f"""
         import resource, signal, sys, torch
         from transformer import checkpoint
+        from data.errors import WriteError
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (20000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
         try:
             checkpoint.save({{"format_version": 1, "model": {{"w": torch.zeros(100000)}}, "step": 200}}, {str(path)!r})
-        except checkpoint.CheckpointError as e:
+        except WriteError as e:
             print(e)
             sys.exit(3)
         """
@@ -131,10 +134,10 @@ def test_write_beyond_the_file_size_limit_keeps_the_previous_checkpoint(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
 
 
-def test_unwritable_location_is_a_checkpoint_error(tmp_path):
+def test_unwritable_location_is_a_write_error(tmp_path):
     blocker = tmp_path / "run"
     blocker.write_text("a regular file where the run directory should be")
-    with pytest.raises(CheckpointError, match="could not write checkpoint"):
+    with pytest.raises(WriteError, match="could not write checkpoint"):
         checkpoint.save(_ckpt(1), blocker / "checkpoints" / "last.pt")
     assert blocker.read_text().startswith("a regular file")
 
@@ -261,7 +264,7 @@ def test_last_checkpoint_mirrors_the_numbered_one_and_survives_pruning(tmp_path,
     for step in (1, 2, 3):
         numbered = checkpoint.numbered_path(tmp_path, step)
         checkpoint.save(_ckpt(step), numbered)
-        checkpoint.link_or_copy(numbered, checkpoint.last_path(tmp_path))
+        link_or_copy(numbered, checkpoint.last_path(tmp_path))
         checkpoint.prune(tmp_path, keep_last=1)
     assert [s for s, _ in checkpoint.list_numbered(tmp_path)] == [3]
     assert checkpoint.load(checkpoint.last_path(tmp_path))["step"] == 3

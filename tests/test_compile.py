@@ -21,7 +21,8 @@ if str(ROOT) not in sys.path:
 
 from transformer.training import compile_for_batches  # noqa: E402
 from transformer.loss import label_smoothed_nll  # noqa: E402
-from transformer.model import Transformer, TransformerConfig  # noqa: E402
+from transformer.model import Transformer  # noqa: E402
+import helpers  # noqa: E402
 
 SHAPES = 40
 
@@ -60,8 +61,8 @@ def train_passes(module: torch.nn.Module, model: Transformer, shapes) -> None:
 def tiny_model(one_torch_thread):
     torch.manual_seed(0)
     torch._dynamo.reset()
-    yield Transformer(TransformerConfig(vocab_size=64, d_model=32, heads=2, d_ff=64, encoder_layers=1,
-                                        decoder_layers=1, dropout=0.1)).train()
+    yield helpers.tiny_model(random_norms=False, vocab_size=64, heads=2, encoder_layers=1, decoder_layers=1,
+                             dropout=0.1).train()
     torch._dynamo.reset()
 
 

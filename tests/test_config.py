@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from transformer.cli import ConfigError, compose_config
-from transformer.config import ARCH_KEYS, DecodeConfig, ModelConfig, TrainConfig, TrainJob, to_job
+from transformer.cli import ConfigError, compose_config, to_job
+from transformer.config import ARCH_KEYS, DecodeConfig, ModelConfig, TrainConfig, TrainJob
 
 
 def job(*overrides: str) -> TrainJob:
@@ -42,7 +42,7 @@ def test_every_paper_preset_composes_to_the_papers_values(preset):
 
 def test_the_default_is_the_base_model_and_the_quickstart_uses_model_tiny():
     assert job().model == ModelConfig() and job().train == TrainConfig() and job().decode == DecodeConfig()
-    tiny = yaml.safe_load((ROOT / "configs" / "model" / "tiny.yaml").read_text())
+    tiny = {"d_model": 128, "heads": 4, "d_ff": 512, "encoder_layers": 2, "decoder_layers": 2}
     # the tiny architecture; of the model group only dropout (a training choice) is the quickstart's own
     assert dataclasses.asdict(job("experiment=quickstart").model) == {**dataclasses.asdict(ModelConfig()), **tiny,
                                                                       "dropout": 0.0}
@@ -62,7 +62,7 @@ def test_the_architecture_keys_are_the_model_dataclass_fields():
     ("quickstart", "'quickstart' is not a key=value override: e.g. experiment=quickstart"),
 ])
 def test_a_wrong_type_an_unknown_key_or_a_bad_value_is_refused_naming_the_key(override, message):
-    from transformer.errors import one_line
+    from data.errors import one_line
 
     with pytest.raises(Exception) as error:
         job(override)

@@ -8,10 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import test_train
-from test_train import run
-
-corpus = test_train.corpus  # test_train.py's module-scoped fixture, registered in this module as well
+from helpers import run
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

@@ -314,7 +314,7 @@ def test_resume_from_a_saved_position_continues_with_the_same_batches(resume_wor
     before = flat(first, updates=13)  # stops mid-epoch
     state = first.state_dict()
     assert 0 < state["offset"] and state == {"epoch": state["epoch"], "offset": state["offset"],
-                                             "batches_per_epoch": len(first.batches)}
+                                             "batches_per_epoch": len(first.batches), "data": ""}
     resumed = [BatchStream(src, tgt, max_tokens=700, seed=9, world_size=resume_world, rank=r, update_freq=resume_k)
                for r in range(resume_world)]
     for s in resumed:

@@ -25,10 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from helpers import train_main  # noqa: E402
-from test_train import subprocess_env  # noqa: E402
-from transformer.cli import compose_config  # noqa: E402
-from transformer.config import to_job  # noqa: E402
+from helpers import subprocess_env, train_main  # noqa: E402
+from transformer.cli import compose_config, to_job  # noqa: E402
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PROGRAMS = ("python ", "torchrun ", "pip ", "tensorboard ", "echo ", "export ")
@@ -61,7 +59,7 @@ SKIPPED = {
     "pip install -e '.[hf]'": "an install into this environment (CI installs the test extra, which holds it)",
     "pip install -e '.[test]'": "an install into this environment; .ci/run installs it and runs the tests that "
                                 "need it",
-    "pip install .": "an install into this environment; tests/test_api.py installs a wheel elsewhere and runs the "
+    "pip install .": "an install into this environment; tests/test_console_scripts.py installs a wheel elsewhere and runs the "
                      "console scripts from another directory",
 }
 

@@ -23,8 +23,9 @@ if str(ROOT) not in sys.path:
 
 import train  # noqa: E402
 from data.vocab import Vocab  # noqa: E402
-from test_train import (  # noqa: E402
-    VOCAB, Corpus, assert_training_states_equal, subprocess_env, tensorboard_scalars, train_main)
+from helpers import (  # noqa: E402
+    PIECES, SMALL, Corpus, assert_training_states_equal, subprocess_env, tensorboard_scalars, tiny_model,
+    train_main)
 from transformer import checkpoint as ckpt  # noqa: E402
 from transformer import finetune  # noqa: E402
 from transformer.checkpoint import CheckpointError  # noqa: E402
@@ -163,8 +164,7 @@ def test_shared_pieces_maps_specials_by_id_and_the_rest_by_string():
 
 
 def test_load_pretrained_names_missing_and_misshapen_tensors():
-    model = Transformer(TransformerConfig(vocab_size=40, d_model=16, heads=2, d_ff=32, encoder_layers=1,
-                                          decoder_layers=1))
+    model = tiny_model(vocab_size=40, **SMALL, dropout=0.1)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     state["embedding.weight"] += 1.0  # so that a load that went through would show
     name = next(k for k in state if k.startswith("decoder.layers.0.") and state[k].dim() == 2)
@@ -205,8 +205,7 @@ def test_frozen_parameters_do_not_change(setup, tmp_path, start, changes, frozen
 
 
 def test_freeze_names_the_shared_embedding_and_top_layers():
-    model = Transformer(TransformerConfig(vocab_size=40, d_model=16, heads=2, d_ff=32, encoder_layers=3,
-                                          decoder_layers=2, norm_first=True))
+    model = tiny_model(vocab_size=40, **{**SMALL, "encoder_layers": 3, "decoder_layers": 2}, norm_first=True)
     frozen = finetune.freeze(model, parts=["embeddings"], train_top_layers=1)
     stems = sorted({".".join(name.split(".")[:3]) if ".layers." in name else name for name in frozen})
     assert stems == ["decoder.layers.0", "embedding.weight", "encoder.layers.0", "encoder.layers.1"]
@@ -228,7 +227,7 @@ def test_finetuning_reaches_lower_validation_loss_than_scratch(setup, tmp_path):
     finetuned_loss = tensorboard_scalars(tmp_path / "finetuned", "valid/loss")[6]
     scratch_loss = tensorboard_scalars(tmp_path / "scratch", "valid/loss")[6]
     assert finetuned_loss < scratch_loss - 0.2, (finetuned_loss, scratch_loss)
-    assert scratch_loss > 0.75 * math.log(VOCAB)  # 6 updates from scratch: not far below uniform
+    assert scratch_loss > 0.75 * math.log(PIECES)  # 6 updates from scratch: not far below uniform
 
 
 # ------------------------------------------------------------------------------------------- resume, DDP

@@ -23,7 +23,7 @@ ctranslate2 = import_extra("ctranslate2")
 import sentencepiece as spm  # noqa: E402
 
 from data.vocab import MarianVocab  # noqa: E402
-from transformer import hf  # noqa: E402
+from transformer import ct2_export, hf  # noqa: E402
 from transformer.search import beam_search, greedy_search  # noqa: E402
 from transformer.translation import Translator, pad_rows  # noqa: E402
 
@@ -233,7 +233,7 @@ def test_ctranslate2_int8_export_leaves_the_models_weights_as_they_were(imported
     """CTranslate2 quantises its spec's arrays in place: they must not be views of the model's tensors."""
     _, _, _, _, model, vocab, _ = imported
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
-    hf.export_ctranslate2(model, vocab, tmp_path / "ct2-int8", quantization="int8")
+    ct2_export.export_ctranslate2(model, vocab, tmp_path / "ct2-int8", quantization="int8")
     after = model.state_dict()
     assert [name for name in before if not torch.equal(before[name], after[name])] == []
 
@@ -246,8 +246,8 @@ def exported(tiny_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("exported")
     model, vocab, _ = hf.load_model(tiny_run.run_dir)
     hf.export_marian(model, vocab, out / "hf", src_lang="en", tgt_lang="de")
-    hf.export_ctranslate2(model, vocab, out / "ct2")
-    hf.export_ctranslate2(model, vocab, out / "ct2-int8", quantization="int8")
+    ct2_export.export_ctranslate2(model, vocab, out / "ct2")
+    ct2_export.export_ctranslate2(model, vocab, out / "ct2-int8", quantization="int8")
     source, reference = tiny_run.files("test")
     lines = source.read_text(encoding="utf-8").splitlines()
     refs = reference.read_text(encoding="utf-8").splitlines()

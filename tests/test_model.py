@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from helpers import (BOS, EOS, PAD, TOL, VOCAB, assert_cached_decoding_matches_full_forward, padded, tiny_config,
+                     tiny_model)
 from transformer.model import (
     DecoderCache,
     EncoderOut,
@@ -18,41 +20,7 @@ from transformer.model import (
     sinusoids,
 )
 
-PAD, UNK, BOS, EOS = 0, 1, 2, 3
-VOCAB = 40
-TOL = 1e-5
-
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def tiny_config(**overrides) -> TransformerConfig:
-    shape = dict(vocab_size=VOCAB, d_model=32, heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0)
-    return TransformerConfig(**{**shape, **overrides})
-
-
-def tiny_model(seed: int = 0, **overrides) -> Transformer:
-    torch.manual_seed(seed)
-    model = Transformer(tiny_config(**overrides))
-    with torch.no_grad():  # LayerNorms start as the identity: make them count in the comparisons
-        for module in model.modules():
-            if isinstance(module, nn.LayerNorm):
-                module.weight.uniform_(0.5, 1.5)
-                module.bias.uniform_(-0.5, 0.5)
-    return model.eval()
-
-
-def padded(lengths: list[int], *, first: int | None = None, last: int | None = None, seed: int = 1) -> torch.Tensor:
-    """Rows of random ordinary tokens of the given lengths, right-padded with PAD; optionally BOS-first or EOS-last."""
-    g = torch.Generator().manual_seed(seed)
-    rows = torch.full((len(lengths), max(lengths)), PAD)
-    for i, n in enumerate(lengths):
-        rows[i, :n] = torch.randint(4, VOCAB, (n,), generator=g)
-        if first is not None:
-            rows[i, 0] = first
-        if last is not None:
-            rows[i, n - 1] = last
-    return rows
 
 
 def batch(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -269,19 +237,6 @@ def test_attention_masks_match_explicit_softmax(tq, with_key_mask):
 
 # ----------------------------------------------------------------------------------------------------
 # Incremental decoding
-
-
-def assert_cached_decoding_matches_full_forward(model, src, tgt_in):
-    """Step-by-step decoding with the cache gives the full forward pass's logits at every step; returns the
-    last cache."""
-    full = model(src, tgt_in)
-    encoder_out = model.encode(src)
-    cache = model.init_cache(encoder_out)
-    for t in range(tgt_in.shape[1]):
-        logits, cache = model.decode(tgt_in[:, t : t + 1], encoder_out, cache)
-        assert cache.length == t + 1
-        assert (logits[:, 0] - full[:, t]).abs().max() <= TOL, f"step {t}"
-    return cache
 
 
 @torch.no_grad()

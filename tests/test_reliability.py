@@ -2,7 +2,7 @@
 more than the updates since the last checkpoint, never damage a checkpoint, and never hang a job.
 
 docs/RELIABILITY.md describes each promise and the soak behind it. Runs use the tiny model and the
-generated corpus of tests/test_train.py (its `corpus` fixture); the properties that need real processes
+generated corpus of tests/helpers.py (conftest's `corpus` fixture); the properties that need real processes
 (SIGKILL, torchrun) launch them and are marked slow.
 """
 
@@ -13,7 +13,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -23,13 +22,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import test_train
-from test_train import ROOT, Corpus, assert_training_states_equal, run, subprocess_env, train_main
+from helpers import ROOT, Corpus, assert_training_states_equal, free_port, run, subprocess_env, train_main
 
 import train  # noqa: E402
+from data import files  # noqa: E402
+from data.errors import WriteError  # noqa: E402
 from transformer import checkpoint as ckpt  # noqa: E402
-
-corpus = test_train.corpus  # test_train.py's module-scoped fixture, registered in this module as well
 
 # A launcher for train.py that injects one fault on one rank: FAULT=<kind>@<rank>:<update>. The fault fires
 # when that rank starts that update (train.dropout_seed is called once per forward pass with the update
@@ -73,11 +71,6 @@ FAULTY_TRAIN = textwrap.dedent("""
     main_with_user_errors(train.main)()
 """)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(script: Path, args: list[str], *, nproc: int = 2, launcher: list[str] | None = None) -> list[str]:
@@ -151,22 +144,22 @@ def test_sigkill_anywhere_leaves_readable_checkpoints_and_resume_is_bit_identica
     report = json.loads(report_path.read_text())
     kills = [k for k in report["kills"] if k["killed"]]
     assert len(kills) == 12
-    assert {k["how"] for k in kills} >= {*ckpt.CRASH_POINTS, "random"}
+    assert {k["how"] for k in kills} >= {*files.CRASH_POINTS, "random"}
     assert sum(k["readable"] for k in report["kills"]) >= 12  # files checked (none before the first save)
     assert report["identical"] and {"last.pt", "best.pt", "averaged.pt"} <= set(report["compared"])
 
 
 def test_crash_point_hook_is_inert_unless_named(monkeypatch):
     monkeypatch.setenv("TRANSFORMER_CRASH_AT", "before-rename:2")
-    monkeypatch.setattr(ckpt, "_crash_counts", {})
+    monkeypatch.setattr(files, "_crash_counts", {})
     killed = []
-    monkeypatch.setattr(ckpt.os, "kill", lambda pid, sig: killed.append(sig))
+    monkeypatch.setattr(files.os, "kill", lambda pid, sig: killed.append(sig))
     for _ in range(3):
-        ckpt.crash_point("before-fsync")
-        ckpt.crash_point("before-rename")
+        files.crash_point("before-fsync")
+        files.crash_point("before-rename")
     assert killed == [signal.SIGKILL]  # the second time at before-rename only
     monkeypatch.delenv("TRANSFORMER_CRASH_AT")
-    ckpt.crash_point("before-rename")
+    files.crash_point("before-rename")
     assert killed == [signal.SIGKILL]
 
 
@@ -281,7 +274,7 @@ def test_failed_checkpoint_write_keeps_earlier_checkpoints_and_says_what_happene
     monkeypatch.setattr(ckpt.torch, "save", failing_save)
     run_dir = tmp_path / "run"
     changes = {"train.max_steps": 5, "train.save_every_steps": 1}
-    with pytest.raises(ckpt.CheckpointError) as error:
+    with pytest.raises(WriteError) as error:
         train_main(corpus.overrides(run_dir, changes))
     monkeypatch.undo()
 
@@ -461,8 +454,8 @@ def test_a_full_disk_at_the_run_records_stops_in_one_line_with_the_checkpoints_i
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real_replace(src, dst, *args, **kwargs)
 
-    monkeypatch.setattr(ckpt.os, "replace", full_disk)
-    with pytest.raises(ckpt.CheckpointError) as error:
+    monkeypatch.setattr(files.os, "replace", full_disk)
+    with pytest.raises(WriteError) as error:
         train_main(corpus.overrides(run_dir, {**changes, "train.max_steps": 4}))
     monkeypatch.undo()
     message = str(error.value)

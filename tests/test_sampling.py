@@ -9,15 +9,11 @@ import math
 import pytest
 import torch
 
-from test_model import BOS, EOS, PAD, VOCAB, tiny_model
-from transformer.cli import compose_config
-from transformer.config import ConfigError, DecodeConfig, to_job
+from helpers import BOS, EOS, PAD, VOCAB, tiny_model
+from transformer.cli import compose_config, to_job
+from transformer.config import ConfigError, DecodeConfig
 from transformer.search import sample_search, sampling_distribution, sampling_uniforms
 from transformer.translation import translate_ids
-
-import test_translate_evaluate
-
-disagreeing_checkpoints = test_translate_evaluate.disagreeing_checkpoints  # two untrained models, one vocabulary
 
 SOURCE = torch.tensor([[5, 9, 17, 23, 8, EOS]])
 DRAWS = 6000
@@ -135,7 +131,11 @@ def test_translate_ids_numbers_lines_so_chunks_draw_what_one_call_draws(model):
     decode = DecodeConfig(sampling=True, nbest=2, max_tokens=16, max_len_b=6, sampling_topk=5)
     whole = translate_ids(model, sources, decode)
     chunks = translate_ids(model, sources[:2], decode) + translate_ids(model, sources[2:], decode, first_id=2)
-    assert whole == chunks and all(len(row) == 2 for row in whole)
+    assert all(len(row) == 2 for row in whole)
+    # the same draws; scores to rounding (a batch's size changes how the CPU's kernels block the matmuls: AVX2)
+    assert [[h.tokens for h in row] for row in whole] == [[h.tokens for h in row] for row in chunks]
+    assert [h.score for row in whole for h in row] == pytest.approx([h.score for row in chunks for h in row],
+                                                                    rel=1e-5)
 
 
 def test_the_sampling_preset_composes_and_bad_values_are_one_line_errors():

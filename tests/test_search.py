@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import SMALL, tiny_model
 from transformer.search import (Ensemble, SearchWork, Seq2Seq, beam_search, greedy_search, length_penalty,
                                 sample_search)
 
@@ -268,7 +269,7 @@ SEARCHES = {
 def test_compaction_puts_every_sentence_back_in_its_place(search):
     """A random model on sources of 1-9 tokens: the caps (|src| + 2) end the sentences at different steps, in
     an order unlike the batch's, so sentences leave the batch several times, from its middle too."""
-    model = tiny_model(vocab_size=20, seed=11)
+    model = tiny_model(11, random_norms=False, vocab_size=20, **SMALL)
     src = random_source(20, [9, 1, 5, 2, 8, 3, 1, 7, 4, 6, 2, 9], seed=12)
     kept_work, compact_work = SearchWork(), SearchWork()
     kept = SEARCHES[search](model, src, max_len_b=2, compact=False, work=kept_work)
@@ -403,21 +404,13 @@ def test_ensemble_rejects_models_with_different_vocabularies():
 
 # --- tiny random Transformers (transformer/model.py) ---------------------------------------------------------
 
-def tiny_model(vocab_size: int, seed: int):
-    model_module = pytest.importorskip("transformer.model")
-    torch.manual_seed(seed)
-    config = model_module.TransformerConfig(vocab_size=vocab_size, d_model=16, heads=2, d_ff=32, encoder_layers=1,
-                                            decoder_layers=1, dropout=0.0)
-    return model_module.Transformer(config).eval()
-
-
 def random_source(vocab_size: int, lengths, seed: int):
     generator = torch.Generator().manual_seed(seed)
     return source(*[torch.randint(4, vocab_size, (n,), generator=generator).tolist() for n in lengths])
 
 
 def test_beam_of_one_without_lenpen_is_greedy():
-    model = tiny_model(vocab_size=20, seed=0)
+    model = tiny_model(0, random_norms=False, vocab_size=20, **SMALL)
     src = random_source(20, [5, 2, 7, 3], seed=1)
     for min_len in (0, 2):
         beam = beam_search(model, src, beam=1, lenpen=0.0, max_len_a=1, max_len_b=4, min_len=min_len)
@@ -449,7 +442,7 @@ def brute_force(model, src_row: torch.Tensor, cap: int, alpha: float, style: str
 def test_exhaustive_beam_finds_the_brute_force_best(style, alpha):
     # Vocabulary 6: UNK, EOS and two real tokens. Caps 2 and 3 give at most 9 * 4 = 36 candidates a step,
     # so beam 36 keeps every one: beam search is then exhaustive, and its 10-best is brute force's 10-best.
-    model = tiny_model(vocab_size=6, seed=2)
+    model = tiny_model(2, random_norms=False, vocab_size=6, **SMALL)
     src = random_source(6, [1, 2], seed=3)
     hyps = beam_search(model, src, beam=36, lenpen=alpha, lenpen_style=style, max_len_a=1, max_len_b=1, nbest=10)
     for row, cap, sentence in zip(src, [2, 3], hyps):
@@ -491,7 +484,7 @@ def pruned_search_by_enumeration(model, src_row: torch.Tensor, cap: int, beam: i
 def test_pruning_beam_follows_its_rule_enumerated(beam, style, alpha, one_torch_thread):
     # Vocabulary 8: 6 emittable tokens a step, so caps 3 and 4 give 6^3 and 6^4 sequences, far more than the
     # beam keeps: pruning decides what is found.
-    model = tiny_model(vocab_size=8, seed=5)
+    model = tiny_model(5, random_norms=False, vocab_size=8, **SMALL)
     src = random_source(8, [2, 3], seed=6)
     hyps = beam_search(model, src, beam=beam, lenpen=alpha, lenpen_style=style, max_len_a=1, max_len_b=1,
                        nbest=beam)
@@ -505,7 +498,7 @@ def test_pruning_beam_follows_its_rule_enumerated(beam, style, alpha, one_torch_
 def test_the_pruned_cases_prune_something(one_torch_thread):
     """The enumeration above would prove little if pruning never changed the answer: on these models a small
     beam misses brute force's best for some sentence."""
-    model = tiny_model(vocab_size=8, seed=5)
+    model = tiny_model(5, random_norms=False, vocab_size=8, **SMALL)
     src = random_source(8, [2, 3], seed=6)
     missed = [pruned_search_by_enumeration(model, row, cap, 1, 0.6, "gnmt", 1)[0][0]
               != brute_force(model, row[None], cap, 0.6, "gnmt")[0][0] for row, cap in zip(src, [3, 4])]
@@ -513,13 +506,13 @@ def test_the_pruned_cases_prune_something(one_torch_thread):
 
 
 def test_an_empty_batch_gives_no_hypotheses():
-    model = tiny_model(vocab_size=20, seed=4)
+    model = tiny_model(4, random_norms=False, vocab_size=20, **SMALL)
     empty = torch.zeros((0, 5), dtype=torch.long)
     assert beam_search(model, empty) == [] and greedy_search(model, empty) == []
 
 
 def test_batched_search_equals_searching_each_sentence_alone():
-    model = tiny_model(vocab_size=20, seed=4)
+    model = tiny_model(4, random_norms=False, vocab_size=20, **SMALL)
     src = random_source(20, [6, 1, 3], seed=5)
     options = dict(beam=3, nbest=2, lenpen=0.6, lenpen_style="gnmt", max_len_a=1, max_len_b=3)
     batched = beam_search(model, src, **options)
@@ -532,7 +525,7 @@ def test_batched_search_equals_searching_each_sentence_alone():
 
 
 def test_ensemble_of_one_model_equals_the_model():
-    model = tiny_model(vocab_size=20, seed=6)
+    model = tiny_model(6, random_norms=False, vocab_size=20, **SMALL)
     src = random_source(20, [4, 2], seed=7)
     options = dict(beam=3, nbest=3, lenpen=0.6, max_len_a=1, max_len_b=3)
     alone, ensembled = beam_search(model, src, **options), beam_search(Ensemble([model]), src, **options)
@@ -542,7 +535,7 @@ def test_ensemble_of_one_model_equals_the_model():
 
 
 def test_ensemble_averages_the_models_log_probabilities_step_by_step_and_teacher_forced():
-    first, second = tiny_model(vocab_size=20, seed=8), tiny_model(vocab_size=20, seed=9)
+    first, second = tiny_model(8, random_norms=False, vocab_size=20, **SMALL), tiny_model(9, random_norms=False, vocab_size=20, **SMALL)
     ensemble = Ensemble([first, second])
     src = random_source(20, [4, 2], seed=10)
     tgt = torch.tensor([[BOS, 5, 6], [BOS, 7, 8]])
@@ -560,8 +553,8 @@ def test_ensemble_averages_the_models_log_probabilities_step_by_step_and_teacher
 
 
 def test_transformer_ensemble_and_scripted_model_offer_what_search_reads():
-    model = tiny_model(vocab_size=20, seed=0)
-    for candidate in (model, Ensemble([model, tiny_model(vocab_size=20, seed=1)]), ScriptedModel(short_or_long)):
+    model = tiny_model(0, random_norms=False, vocab_size=20, **SMALL)
+    for candidate in (model, Ensemble([model, tiny_model(1, random_norms=False, vocab_size=20, **SMALL)]), ScriptedModel(short_or_long)):
         assert isinstance(candidate, Seq2Seq)
     assert not isinstance(model.encoder, Seq2Seq)
 
@@ -569,7 +562,7 @@ def test_transformer_ensemble_and_scripted_model_offer_what_search_reads():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_search_on_cuda_matches_cpu():
-    model = tiny_model(vocab_size=20, seed=11)
+    model = tiny_model(11, random_norms=False, vocab_size=20, **SMALL)
     src = random_source(20, [5, 2, 3], seed=12)
     options = dict(beam=3, nbest=2, lenpen=0.6, max_len_a=1, max_len_b=4)
     cpu = beam_search(model, src, **options)

@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import evaluate  # noqa: E402
-from test_translate_evaluate import output_lines, run_evaluate, score_of, user_error  # noqa: E402
+from helpers import output_lines, run_evaluate, score_of, user_error  # noqa: E402
 from transformer.significance import paired_significance  # noqa: E402
 
 FAIR = "fairseq_wmt19_en_de.newstest2014.de"  # systems/SOURCES.md: BLEU 34.97, chrF2 63.75

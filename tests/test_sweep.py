@@ -17,9 +17,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import evaluate  # noqa: E402
-from test_translate_evaluate import run_evaluate, user_error  # noqa: E402
+from helpers import run_evaluate, user_error  # noqa: E402
 from transformer import checkpoint as ckpt  # noqa: E402
-from transformer.scoring import read_lines  # noqa: E402
+from transformer.testsets import read_lines  # noqa: E402
 from transformer.translation import Translator  # noqa: E402
 
 LINES = 8  # test lines decoded per model: enough for scores that move between checkpoints, and fast

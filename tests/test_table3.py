@@ -16,13 +16,13 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from conftest import ROOT
-from test_model import assert_cached_decoding_matches_full_forward, padded, tiny_model  # the same tiny model and token rows
+from helpers import assert_cached_decoding_matches_full_forward, padded, tiny_model
 
 if str(ROOT) not in sys.path:  # evaluate.py, an entry script of the checkout
     sys.path.insert(0, str(ROOT))
-from transformer import cli, hf, table3
-from transformer.cli import compose_config
-from transformer.config import ARCH_KEYS, ConfigError, EvaluateJob, ModelConfig, model_config_with_defaults, to_job
+from transformer import cli, ct2_export, hf, table3
+from transformer.cli import compose_config, to_job
+from transformer.config import ARCH_KEYS, ConfigError, EvaluateJob, ModelConfig, model_config_with_defaults
 from transformer.model import CrossAttention, LearnedPositions, SelfAttention, Transformer, TransformerConfig
 from transformer.search import beam_search, greedy_search
 from transformer.training import differences
@@ -263,7 +263,7 @@ def test_marian_and_ctranslate2_exports_refuse_the_variants_naming_the_option(va
     with torch.device("meta"):
         model = Transformer(config)
     with pytest.raises(hf.InteropError, match=option):
-        hf.ctranslate2_spec(model, [], [])
+        ct2_export.ctranslate2_spec(model, [], [])
     hf.refuse_table3_variants(TransformerConfig.base(vocab_size=100, d_k=64), "CTranslate2")  # = d_model/h: fine
     assert "model.d_k=null" in hf.train_overrides(TransformerConfig.base(vocab_size=100))  # Hydra's None
 
@@ -397,7 +397,7 @@ def test_a_mis_set_row_fails_the_check(tmp_path, monkeypatch):
 
 
 def test_evaluate_takes_d_k_d_v_and_positions_from_the_model_config_with_defaults_for_old_records():
-    import evaluate
+    from transformer import evaluation
 
     results = {"scores": {"BLEU": {"score": 24.0}, "tokBLEU": {"score": 25.1}}, "ppl": 5.2, "params": 56_000_000}
     new = {"model_config": {**dataclasses.asdict(TransformerConfig.base(d_k=16)), "positions": "learned"},
@@ -405,9 +405,9 @@ def test_evaluate_takes_d_k_d_v_and_positions_from_the_model_config_with_default
     old = {**new, "model_config": {k: v for k, v in new["model_config"].items()
                                    if k not in ("d_k", "positions", "max_positions")}}
     job = EvaluateJob(checkpoint="runs/x")
-    row = evaluate.table_row(job, results, new, Path("runs/table3/B_dk16"), "de", "dev")
+    row = evaluation.table_row(job, results, new, Path("runs/table3/B_dk16"), "de", "dev")
     assert (row["model"], row["d_k"], row["d_v"], row["positions"]) == ("B_dk16", 16, 64, "learned")
-    row = evaluate.table_row(job, results, old, Path("runs/table3/base"), "de", "dev")
+    row = evaluation.table_row(job, results, old, Path("runs/table3/base"), "de", "dev")
     assert (row["d_k"], row["d_v"], row["positions"]) == (64, 64, "sinusoidal")
 
 

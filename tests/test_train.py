@@ -12,107 +12,22 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from helpers import (D_MODEL, PIECES, ROOT, assert_training_states_equal, run, subprocess_env,
+                     tensorboard_scalars, train_main)
 
-import train  # noqa: E402
-from transformer import checkpoint as ckpt  # noqa: E402
-from transformer.cli import ConfigError  # noqa: E402
-from transformer.model import Transformer, TransformerConfig  # noqa: E402
-from helpers import train_main  # noqa: E402
-
-D_MODEL = 16
-VOCAB = 400  # SentencePiece needs room for 256 byte pieces, the specials and every character (~320 here)
-
-
-# ------------------------------------------------------------------------------------ helpers, fixtures
-
-
-class Corpus:
-    """A generated corpus with its vocabulary and encoded cache, and the overrides of a tiny run on it."""
-
-    def __init__(self, directory: Path):
-        self.directory = directory
-        self.prefixes = {"train": directory / "corpus" / "train", "valid": directory / "corpus" / "valid"}
-        self.spm_model = directory / "prep" / "spm.model"
-        self.cache_dir = directory / "cache"
-
-    def overrides(self, run_dir: Path, changes: dict | None = None, *, vocab: bool = True) -> list[str]:
-        values = {
-            "run_dir": run_dir, "device": "cpu", "seed": 1,
-            "model": "tiny", "model.d_model": D_MODEL, "model.heads": 2, "model.d_ff": 32,
-            "model.encoder_layers": 1, "model.decoder_layers": 1, "model.dropout": 0.1,
-            "data.dataset": "null", "data.subset": "null",
-            "data.train_prefix": self.prefixes["train"], "data.valid_prefix": self.prefixes["valid"],
-            "data.vocab_size": VOCAB, "data.spm_model": self.spm_model if vocab else "null",
-            "data.cache_dir": self.cache_dir, "data.num_workers": 1,
-            "train.max_tokens": 512, "train.update_freq": 1, "train.warmup_steps": 4, "train.max_steps": 4,
-            "train.log_every_steps": 1, "train.valid_every_steps": 1000, "train.save_every_steps": 1000,
-            "train.save_every_minutes": 0, "train.keep_last": 10, "train.average_last": 1,
-            "train.valid_bleu_lines": 0, "train.best_metric": "loss",
-        }
-        values.update(changes or {})
-        return [f"{key}={value}" for key, value in values.items()]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Corpus:
-    """300 generated training pairs, 16 validation pairs, a 400-piece vocabulary and the encoded cache."""
-    from data.quickstart_corpus import write_corpus
-
-    c = Corpus(tmp_path_factory.mktemp("train_corpus"))
-    write_corpus(c.directory / "corpus", train=300, valid=16, test=0, seed=1)
-    assert train_main(c.overrides(c.directory / "prep", {"prepare_only": "true"}, vocab=False)) == 0
-    assert c.spm_model.is_file()
-    return c
-
-
-def run(corpus: Corpus, run_dir: Path, changes: dict | None = None) -> dict:
-    """Train in this process; returns last.pt."""
-    assert train_main(corpus.overrides(run_dir, changes)) == 0
-    return ckpt.load(ckpt.last_path(run_dir))
-
-
-def subprocess_env() -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(OMP_NUM_THREADS="1", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
-    return env
-
-
-def tensorboard_scalars(run_dir: Path, tag: str) -> dict[int, float]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
-    events.Reload()
-    return {event.step: event.value for event in events.Scalars(tag)}
-
-
-def assert_training_states_equal(a: dict, b: dict) -> None:
-    """Bit-identical weights, Adam moments and step counts, schedule position and data position."""
-    assert a["step"] == b["step"]
-    assert a["model"].keys() == b["model"].keys()
-    for name in a["model"]:
-        assert torch.equal(a["model"][name], b["model"][name]), f"model weight {name} differs"
-    assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
-    assert a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
-    for index, state in a["optimizer"]["state"].items():
-        for key, value in state.items():
-            assert torch.equal(value, b["optimizer"]["state"][index][key]), f"optimizer {key} of {index} differs"
-    assert a["scheduler"] == b["scheduler"]
-    assert a["data_state"] == b["data_state"]
+import train
+from transformer import checkpoint as ckpt
+from transformer.cli import ConfigError
+from transformer.model import Transformer, TransformerConfig
 
 
 def noam(n: int, *, d_model: int, warmup: int, scale: float) -> float:
@@ -408,7 +323,7 @@ def test_tiny_model_overfits_a_small_real_batch(shared_data, tmp_path):
         f"run_dir={run_dir}", "device=cpu", "model=tiny", "model.d_model=64", "model.heads=4", "model.d_ff=128",
         "model.encoder_layers=1", "model.decoder_layers=1", "model.dropout=0",
         "data.dataset=null", "data.subset=null", f"data.train_prefix={prefix}", f"data.valid_prefix={prefix}",
-        f"data.vocab_size={VOCAB}", "data.max_len_ratio=null", "data.num_workers=1",
+        f"data.vocab_size={PIECES}", "data.max_len_ratio=null", "data.num_workers=1",
         "train.max_tokens=8192", "train.update_freq=1",  # all 64 pairs in one batch, every update
         "train.warmup_steps=30", "train.lr_scale=0.5", f"train.label_smoothing={epsilon}",
         f"train.max_steps={steps}", "train.log_every_steps=10", f"train.valid_every_steps={steps}",
@@ -427,8 +342,8 @@ def test_tiny_model_overfits_a_small_real_batch(shared_data, tmp_path):
     assert train_nll[steps] < 0.3  # updates 141-150, in training mode
     assert nll < 0.3
     # The smoothed loss is bounded below by the entropy of the smoothed target q (ε/V to every class).
-    q_true = 1 - epsilon + epsilon / VOCAB
-    floor = -(q_true * math.log(q_true) + (VOCAB - 1) * (epsilon / VOCAB) * math.log(epsilon / VOCAB))
+    q_true = 1 - epsilon + epsilon / PIECES
+    floor = -(q_true * math.log(q_true) + (PIECES - 1) * (epsilon / PIECES) * math.log(epsilon / PIECES))
     assert loss > floor > nll
 
 

@@ -1,6 +1,6 @@
-"""translate.py and evaluate.py as a user meets them: text in, text out (SPEC "Text in, text out"), the
-scores and tables (SPEC "BLEU"), which checkpoint a run directory means (SPEC "Checkpoints") and one-line
-errors (SPEC "Bad input").
+"""translate.py and evaluate.py as a user meets them: text in, text out (docs/CONTRACT.md "Text in, text out"), the
+scores and tables ("BLEU" there), which checkpoint a run directory means ("Checkpoints") and one-line
+errors ("Bad input").
 
 The model is `tiny_run` (tests/conftest.py): 2+2 layers, d_model 64, trained once per session on a
 made-up pair whose target is the source's words reversed and upper-cased. The entry points run in this
@@ -11,7 +11,6 @@ sacreBLEU's own command line and the published figures of a real system (../shar
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import math
@@ -37,57 +36,16 @@ from transformer import checkpoint as ckpt  # noqa: E402
 from transformer import kernels  # noqa: E402
 from transformer.cli import main_with_user_errors  # noqa: E402
 from transformer.model import Transformer, TransformerConfig  # noqa: E402
-from transformer.scoring import read_lines, sacrebleu_scores  # noqa: E402
+from transformer.scoring import sacrebleu_scores  # noqa: E402
+from transformer.testsets import read_lines  # noqa: E402
+from helpers import (DISAGREEING_SOURCES, SMALL, output_lines, run_evaluate, run_translate, score_of,  # noqa: E402
+                     tiny_model, user_error)
 
 FAIR = "fairseq_wmt19_en_de.newstest2014.de"  # systems/SOURCES.md: BLEU 34.97, chrF2 63.75, tokBLEU 35.75
 NBEST = re.compile(r"(\d+) \|\|\| (.*) \|\|\| (-?\d+\.\d+)")
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-
-
-def output_lines(text: str) -> list[str]:
-    """The lines of a program's output: every line ends with "\\n" (none at all is no lines)."""
-    assert text == "" or text.endswith("\n"), repr(text[-80:])
-    return text.split("\n")[:-1]
-
-
-def run_translate(args: list[str], capsys, monkeypatch, stdin: bytes | str = b"") -> tuple[list[str], str]:
-    """translate.main in this process with `stdin` as standard input: (stdout lines, stderr)."""
-    if isinstance(stdin, str):
-        stdin = stdin.encode("utf-8")
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
-    capsys.readouterr()
-    assert translate.main(["device=cpu", *args]) == 0
-    captured = capsys.readouterr()
-    return output_lines(captured.out), captured.err
-
-
-def run_evaluate(args: list[str], capsys) -> list[str]:
-    """evaluate.main in this process: its stdout lines (one per metric)."""
-    capsys.readouterr()
-    assert evaluate.main(["device=cpu", *args]) == 0
-    return output_lines(capsys.readouterr().out)
-
-
-def user_error(module, args: list[str], capsys, monkeypatch) -> str:
-    """Run an entry point as its `__main__` does and return its one-line error (exit status 2)."""
-    monkeypatch.setattr(sys, "argv", [f"{module.__name__}.py", *args])
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a sentence\n"), encoding="utf-8"))
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        main_with_user_errors(module.main)()
-    captured = capsys.readouterr()
-    assert exit_info.value.code == 2, captured.err
-    lines = captured.err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
-    assert captured.out == ""
-    return lines[0]
-
-
-def score_of(line: str) -> float:
-    """The score in a sacreBLEU-style result line: `NAME|signature = 34.97 ...`."""
-    return float(line.split(" = ", 1)[1].split()[0])
 
 
 def bleu(hyps: list[str], refs: list[str]) -> float:
@@ -273,25 +231,6 @@ def test_an_ensemble_of_two_checkpoints_translates(tiny_run, capsys, monkeypatch
     assert bleu(out, references) >= 90
 
 
-# Two untrained models of one vocabulary, seeds 1 and 2: they disagree on every sentence, in milliseconds.
-DISAGREEING_SOURCES = ["the cat sees a dog", "a dog sees the cat", "the small cat sleeps", "dogs see cats"]
-
-
-@pytest.fixture(scope="module")
-def disagreeing_checkpoints(tmp_path_factory) -> tuple[Path, Path]:
-    directory = tmp_path_factory.mktemp("disagreeing")
-    vocab = train_vocab(DISAGREEING_SOURCES * 50, None, 300)
-    paths = []
-    for seed in (1, 2):
-        torch.manual_seed(seed)
-        model = Transformer(TransformerConfig(vocab_size=vocab.size, d_model=16, heads=2, d_ff=32, encoder_layers=1,
-                                              decoder_layers=1, dropout=0.0))
-        paths.append(directory / f"seed{seed}.pt")
-        ckpt.save({"format_version": ckpt.FORMAT_VERSION, "model_config": dataclasses.asdict(model.config),
-                   "model": model.state_dict(), "spm_model": ckpt.spm_tensor(vocab.model_proto)}, paths[-1])
-    return paths[0], paths[1]
-
-
 def loaded_models(paths) -> tuple[list[Transformer], Vocab]:
     states = [ckpt.load(path) for path in paths]
     models = []
@@ -404,8 +343,7 @@ def test_an_ensemble_of_models_with_different_vocabularies_is_a_one_line_error(t
 
 
 def _truncated_checkpoint(path: Path) -> Path:
-    model = Transformer(TransformerConfig(vocab_size=300, d_model=16, heads=2, d_ff=32, encoder_layers=1,
-                                          decoder_layers=1))
+    model = tiny_model(vocab_size=300, **SMALL)
     whole = path.with_name("whole.pt")
     ckpt.save({"format_version": ckpt.FORMAT_VERSION, "kind": "train", "step": 1, "model": model.state_dict(),
                "model_config": {}, "spm_model": ckpt.spm_tensor(b"")}, whole)

@@ -6,7 +6,7 @@ checkpoint is ever unreadable and that the final weights are bit-identical to an
 
 Kills alternate between random moments (a SIGKILL from this process after a random delay: start-up, a
 forward pass, the middle of a checkpoint write, ...) and the named points inside checkpoint writes that
-`transformer.checkpoint.CRASH_POINTS` lists, reached through the test-only `TRANSFORMER_CRASH_AT=<point>:<n>`
+`data.files.CRASH_POINTS` lists, reached through the test-only `TRANSFORMER_CRASH_AT=<point>:<n>`
 hook (the run kills itself the n-th time it gets there). After every kill each `.pt` file in
 `run_dir/checkpoints` must load and `latest_resumable` must find one; the next run resumes with the same
 command. At the end, one run without kills finishes the training, and `last.pt` (weights, Adam state,
@@ -43,9 +43,10 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 import train  # noqa: E402
+from data import files  # noqa: E402
+from data.errors import one_line  # noqa: E402
 from transformer import checkpoint as ckpt  # noqa: E402
 from transformer.cli import user_errors  # noqa: E402
-from transformer.errors import one_line  # noqa: E402
 
 CRASH_ENV = "TRANSFORMER_CRASH_AT"
 
@@ -70,7 +71,7 @@ class SoakFailure(AssertionError):
 @dataclass
 class Kill:
     index: int
-    how: str                      # "random" or a crash point of transformer.checkpoint.CRASH_POINTS
+    how: str                      # "random" or a crash point of data.files.CRASH_POINTS
     count: int | None = None      # the n-th time the point is reached
     phase: str | None = None      # random: "start-up" (delay from the fork) or "training" (from the first update)
     delay_s: float | None = None
@@ -275,7 +276,7 @@ def prepare_corpus(workdir: Path) -> list[str]:
 def plan(kills: int, steps: int, rng: random.Random) -> list[tuple[str, int | None]]:
     """Random moments and named points, alternating; every named point at least once when kills >= 2 × points.
     A named point's count n stays small so that the kills spread over the run rather than exhausting it."""
-    points = list(ckpt.CRASH_POINTS)
+    points = list(files.CRASH_POINTS)
     rng.shuffle(points)
     spread = max(1, steps // max(kills, 1))
     out = []

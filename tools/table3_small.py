@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from transformer.cli import compose_config  # noqa: E402
-from transformer.config import ARCH_KEYS, DecodeConfig, to_job  # noqa: E402
+from transformer.cli import compose_config, to_job  # noqa: E402
+from transformer.config import ARCH_KEYS, DecodeConfig  # noqa: E402
 
 DEFAULT_ROWS = ("base", "base_seed2", "A_h1", "B_dk16", "C_N2", "D_drop0", "E_learned")
 DIVIDE = {"d_model": 4, "d_ff": 4, "d_k": 4, "encoder_layers": 2, "decoder_layers": 2}

@@ -56,7 +56,7 @@ def another_update_fits(left: float, costs: Costs, *, now: float) -> bool:
 
 
 def out_of_time(train, step: int, clock) -> str | None:
-    """train.py's max_time rule after update `step`, from rank 0's agreed `clock` (training.Clock): the stop
+    """train.py's max_time rule after update `step`, from rank 0's agreed `clock` (agreement.Clock): the stop
     reason when another update would not fit (`another_update_fits`), else None. This update's own
     validation and save (by step, or save_every_minutes) come first."""
     saves = step % train.save_every_steps == 0 or (

@@ -1,4 +1,4 @@
-"""Checkpoints: atomic writes, safe loads, averaging, and the file layout of a run directory.
+"""Checkpoints: what one holds, atomic saves, safe loads, averaging, and the file layout of a run directory.
 
 A checkpoint is a plain dict of tensors, numbers, strings, None, bools and nested
 dicts/lists/tuples of them, so it loads with `torch.load(weights_only=True)`: loading never runs pickled
@@ -22,23 +22,21 @@ Command line (averages model weights; one-line errors, exit status 2):
 from __future__ import annotations
 
 import argparse
-import errno
 import logging
 import os
 import pickle
 import re
-import secrets
-import shutil
-import signal
 import sys
 import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from transformer.errors import one_line
+from data.errors import one_line
+from data.files import atomic_write, crash_point, remove_quietly
+from transformer.model import Transformer, TransformerConfig
 
 FORMAT_VERSION = 1
 
@@ -49,31 +47,6 @@ log = logging.getLogger(__name__)
 
 class CheckpointError(Exception):
     """A user error about a checkpoint; `str(error)` is a one-line message naming the file and what to do."""
-
-
-# Test-only crash hook. TRANSFORMER_CRASH_AT=<point>[:<n>] SIGKILLs this process the n-th time (default: the
-# first) it reaches the named point of a checkpoint write, so that tests/test_reliability.py and
-# tools/crash_soak.py can prove that a crash anywhere leaves every checkpoint readable and resume exact.
-# Unset (always, outside those tests) it costs one dictionary lookup per checkpoint written.
-CRASH_POINTS = (
-    "before-fsync",        # save(): the temporary file is written, not yet fsynced
-    "before-rename",       # save(): fsynced, not yet renamed over the destination
-    "before-dir-fsync",    # save(): renamed, the directory not yet fsynced
-    "before-link-rename",  # link_or_copy(): the temporary link to the new last.pt exists, not yet renamed
-    "before-last",         # train.py: the numbered checkpoint is written, last.pt not yet updated
-    "mid-prune",           # prune(): about to delete one of the old numbered checkpoints
-)
-_crash_counts: dict[str, int] = {}
-
-
-def crash_point(name: str) -> None:
-    """SIGKILL this process here if TRANSFORMER_CRASH_AT names this point (test-only; see CRASH_POINTS)."""
-    spec = os.environ.get("TRANSFORMER_CRASH_AT")
-    if not spec or spec.partition(":")[0] != name:
-        return
-    _crash_counts[name] = _crash_counts.get(name, 0) + 1
-    if _crash_counts[name] == int(spec.partition(":")[2] or 1):
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # ------------------------------------------------------------------------------- what a checkpoint holds
@@ -112,16 +85,25 @@ class TrainState:
         return state
 
 
+def checkpoint_dict(*, kind: str, step: int | None, model_config: dict | None, model: dict, spm_model,
+                    config: dict | None, **extra) -> dict:
+    """The layout of every checkpoint this framework writes (kind "train", "diagnostic", "averaged" or
+    "imported"): the model's config and weights, its SentencePiece model (bytes, or the tensor a checkpoint
+    holds), the run's config and the update; `extra` adds what the kind needs (a training run's state,
+    optimizer and data position; the steps averaged; where a model was imported from)."""
+    return {"format_version": FORMAT_VERSION, "kind": kind, "step": step, "model_config": model_config,
+            "model": model, "spm_model": spm_model if isinstance(spm_model, torch.Tensor) else spm_tensor(spm_model),
+            "config": config, **extra}
+
+
 def training_checkpoint(*, state: TrainState, model: torch.nn.Module, model_config: dict, spm_model: bytes,
                         config: dict, optimizer, scheduler, scaler, data_state: dict, kind: str = "train") -> dict:
     """The dict of a training checkpoint (`kind` "train", or "diagnostic" for the one written before a
     non-finite stop): everything `load_training` gives back to resume."""
-    return {
-        "format_version": FORMAT_VERSION, "kind": kind, **asdict(state),
-        "model_config": model_config, "model": model.state_dict(), "spm_model": spm_tensor(spm_model),
-        "config": config, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict(), "data_state": data_state,
-    }
+    run_state = {k: v for k, v in asdict(state).items() if k != "step"}
+    return checkpoint_dict(kind=kind, step=state.step, model_config=model_config, model=model.state_dict(),
+                           spm_model=spm_model, config=config, **run_state, optimizer=optimizer.state_dict(),
+                           scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), data_state=data_state)
 
 
 def load_training(checkpoint: dict, path, *, model: torch.nn.Module, optimizer, scheduler, scaler,
@@ -145,109 +127,6 @@ def load_training(checkpoint: dict, path, *, model: torch.nn.Module, optimizer, 
 def save(obj: dict, path: str | os.PathLike) -> None:
     """Write the checkpoint `obj` to `path` atomically (see `atomic_write`)."""
     atomic_write(path, lambda f: torch.save(obj, f), what="checkpoint")
-
-
-def atomic_write(path: str | os.PathLike, data: str | bytes | Callable[[Any], None], *, what: str = "file") -> None:
-    """Write `data` (text as UTF-8, bytes, or a function writing to a binary file) to `path` atomically: a
-    temporary file in the same directory, fsync, rename, fsync of the directory. The one way this project
-    writes a file that must never be seen half-written (checkpoints, vocabularies, caches, scores).
-
-    A crash or a failed write (disk full, unwritable directory) never leaves a partial file under `path`,
-    and whatever was at `path` before stays intact. I/O failures raise CheckpointError.
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            if callable(data):
-                data(f)
-            else:
-                f.write(data.encode("utf-8") if isinstance(data, str) else data)
-            f.flush()
-            crash_point("before-fsync")
-            os.fsync(f.fileno())
-        crash_point("before-rename")
-        os.replace(tmp, path)
-        crash_point("before-dir-fsync")
-        _fsync_dir(path.parent)
-    except BaseException as e:
-        _remove_quietly(tmp)
-        os_error = _os_error_in_chain(e)
-        if os_error is None:
-            raise  # not an I/O failure (e.g. an object torch cannot serialise): a bug, keep the traceback
-        reason = os_error.strerror or str(os_error)
-        raise CheckpointError(
-            f"could not write {what} {path}: {reason}; {_fix_for(os_error)} or choose another run_dir "
-            f"(earlier {what}s are intact)"
-        ) from e
-
-
-def _fix_for(error: OSError) -> str:
-    """What to do about a failed write, by its cause."""
-    if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "free some space"
-    if error.errno == errno.EFBIG:
-        return "raise the file size limit (ulimit -f)"
-    return "make that directory writable"
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename durable. Some filesystems refuse fsync on a directory; the rename stands anyway."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _remove_quietly(path: Path) -> None:
-    try:
-        path.unlink()
-    except OSError:
-        pass
-
-
-def _os_error_in_chain(error: BaseException) -> OSError | None:
-    """torch.save reports a failed write as a RuntimeError whose __context__ is the OSError."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, OSError):
-            return error
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return None
-
-
-def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-    """Make `dst` (e.g. last.pt) hold the same bytes as `src` (a numbered checkpoint), atomically.
-
-    A hard link costs no space or time; where the filesystem has none, a copy. Either way the new name
-    appears by rename, so `dst` is never partial. Sharing an inode is safe: `save` never writes in place.
-    """
-    src, dst = Path(src), Path(dst)
-    tmp = dst.with_name(f".{dst.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        try:
-            os.link(src, tmp)
-        except OSError:
-            shutil.copyfile(src, tmp)
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-        crash_point("before-link-rename")
-        os.replace(tmp, dst)
-        _fsync_dir(dst.parent)
-    except OSError as e:
-        _remove_quietly(tmp)
-        raise CheckpointError(
-            f"could not write checkpoint {dst}: {e.strerror or e}; {_fix_for(e)} or choose another run_dir "
-            "(earlier checkpoints are intact)"
-        ) from e
 
 
 def spm_tensor(model_proto: bytes) -> torch.Tensor:
@@ -352,16 +231,9 @@ def average(paths: list[str | os.PathLike]) -> dict:
             averaged_model[name] = (sums[name] / len(paths)).to(tensor.dtype)
         else:
             averaged_model[name] = tensor  # integer buffers (and non-tensor extra state): the last one's
-    return {
-        "format_version": FORMAT_VERSION,
-        "kind": "averaged",
-        "model_config": last.get("model_config"),
-        "model": averaged_model,
-        "spm_model": last.get("spm_model"),
-        "config": last.get("config"),
-        "step": max(steps),
-        "averaged_steps": steps,
-    }
+    return checkpoint_dict(kind="averaged", step=max(steps), model_config=last.get("model_config"),
+                           model=averaged_model, spm_model=last.get("spm_model"), config=last.get("config"),
+                           averaged_steps=steps)
 
 
 def _architecture(ckpt: dict) -> dict:
@@ -448,7 +320,7 @@ def prune(run_dir: str | os.PathLike, keep_last: int) -> list[Path]:
     doomed = [path for _, path in list_numbered(run_dir)[:-keep_last]]
     for path in doomed:
         crash_point("mid-prune")
-        _remove_quietly(path)
+        remove_quietly(path)
     return doomed
 
 
@@ -471,7 +343,7 @@ def remove_temporaries(run_dir: str | os.PathLike) -> list[Path]:
     directory = checkpoint_dir(run_dir)
     stale = sorted(directory.glob(".*.tmp")) if directory.is_dir() else []
     for path in stale:
-        _remove_quietly(path)
+        remove_quietly(path)
     return stale
 
 
@@ -494,6 +366,26 @@ def load_model_state(model: torch.nn.Module, state_dict: dict, path: str | os.Pa
         except (RuntimeError, TypeError, ValueError) as e:
             problems = [one_line(e, limit=160)]
     raise CheckpointError(f"the weights in {path} do not fit the model ({'; '.join(problems)}): {fix}")
+
+
+def model_of(state: dict, path: str | os.PathLike, *, vocab_size: int | None = None) -> Transformer:
+    """The model of a loaded checkpoint (train mode, on the CPU, in the precision of its weights): its config
+    and weights checked against each other, and against the vocabulary's `vocab_size` when given. The one way
+    from a checkpoint to a model (translation, export, evaluation); a one-line CheckpointError otherwise."""
+    config = state.get("model_config")
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path} has no model_config: it was not written by this framework's train.py; "
+                              "use another checkpoint")
+    try:
+        model = Transformer(TransformerConfig(**config))
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"{path} has an invalid model_config ({one_line(error, limit=120)}); use another "
+                              "checkpoint") from None
+    if vocab_size is not None and model.config.vocab_size != vocab_size:
+        raise CheckpointError(f"{path}: its model has {model.config.vocab_size} token embeddings but its "
+                              f"vocabulary {vocab_size} pieces; the file is inconsistent: use another")
+    load_model_state(model, state["model"], path, fix="the file is damaged or foreign: use another checkpoint")
+    return model
 
 
 def resolve(path: str | os.PathLike) -> Path:

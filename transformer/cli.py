@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import hydra
-import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
@@ -26,13 +25,59 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from data.errors import DataError
+from data.errors import ConfigError, DataError, WriteError, one_line
 from transformer import config as schema
 from transformer.checkpoint import CheckpointError
-from transformer.config import ConfigError, DecodeConfig
+from transformer.config import DecodeConfig
 from transformer.distributed import PeerFailure
-from transformer.errors import one_line
 
+
+
+# ---------------------------------------------------------------------------------------------- schemas
+
+
+def _schema(obj) -> DictConfig:
+    """`OmegaConf.structured(obj)` with its type checks, but writable: Hydra merges the YAML files and the
+    overrides into the schema, which OmegaConf marks read-only (every node) for a frozen dataclass."""
+    node = OmegaConf.structured(obj)
+
+    def writable(config: DictConfig) -> None:
+        OmegaConf.set_readonly(config, None)
+        for key in config:
+            child = config._get_node(key)
+            if isinstance(child, DictConfig):
+                writable(child)
+
+    writable(node)
+    return node
+
+
+def register() -> None:
+    """Register the schemas (`<job>_schema`, e.g. `config_schema`, first in each job's defaults list), the
+    model presets (`model=base`, `model=big`) with Hydra's ConfigStore, and the `sweep_dir` resolver of
+    configs/app.yaml. Idempotent."""
+    from hydra.core.config_store import ConfigStore  # here: the dataclasses are used without Hydra too
+
+    if not OmegaConf.has_resolver("sweep_dir"):  # configs/app.yaml: where a multirun writes multirun.yaml
+        OmegaConf.register_new_resolver("sweep_dir", lambda run_dir: run_dir or "runs")
+    store = ConfigStore.instance()
+    for name, job in schema.JOBS.items():
+        store.store(name=f"{name}_schema", node=_schema(job))
+    for name, preset in schema.MODEL_PRESETS.items():
+        store.store(group="model", name=name, node=_schema(preset))
+
+
+def to_job(cfg: DictConfig, job: str = "config"):
+    """The composed config as its job's frozen dataclass; range checks raise a one-line ConfigError."""
+    container = OmegaConf.to_container(cfg, resolve=True)
+    for key in ("choices", "job_num", "overrides"):  # added by transformer/cli.py (naming runs, decode_request)
+        container.pop(key, None)
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(_schema(schema.JOBS[job]), container))
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as error:  # e.g. a dataclass refusing a key: name it in one line
+        raise ConfigError(str(error).splitlines()[0]) from None
 
 
 def config_dir() -> Path:
@@ -52,7 +97,7 @@ log = logging.getLogger("transformer")
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """The exception types whose message is meant for the user (printed as one line, exit status 2)."""
-    return (ConfigError, DataError, CheckpointError, PeerFailure, HydraException, OmegaConfBaseException)
+    return (ConfigError, DataError, WriteError, CheckpointError, PeerFailure, HydraException, OmegaConfBaseException)
 
 
 def compose_config(overrides: Sequence[str], *, config_name: str = "config") -> DictConfig:
@@ -65,7 +110,7 @@ def compose_config(overrides: Sequence[str], *, config_name: str = "config") -> 
             hint = (f"to use that checkpoint or run directory, write checkpoint={override}"
                     if config_name in ("translate", "evaluate") else "e.g. experiment=quickstart")
             raise ConfigError(f"'{override}' is not a key=value override: {hint}")
-    schema.register()
+    register()
     script = {"config": "train.py"}.get(config_name, f"{config_name}.py")
     with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
         try:
@@ -156,7 +201,7 @@ def hydra_app(config_name: str, run: Callable[[DictConfig], int]) -> None:
     argv = sys.argv[1:]
     if not any(arg.split("=", 1)[0] in HYDRA_FLAGS for arg in argv):
         sys.exit(_with_user_errors(lambda: run(compose_config(argv, config_name=config_name))) or 0)
-    schema.register()
+    register()
     configs = _with_user_errors(config_dir)
 
     @hydra.main(config_path=str(configs), config_name=config_name, version_base=None)
@@ -172,42 +217,3 @@ def hydra_app(config_name: str, run: Callable[[DictConfig], int]) -> None:
         return 0
 
     task()
-
-
-def pick_device(name: str, local_rank: int = 0, *, training: bool = False):
-    """`device=auto | cpu | cuda | cuda:N | mps` as a torch.device; a CUDA device is also made current, with TF32
-    matmuls (training and decoding on Ampere and later). Under torchrun, `cuda` is the rank's local GPU.
-
-    `mps` (Apple silicon) is for decoding only (translate.py, evaluate.py), where torch was built with it; it is
-    untested here (no such machine), and training refuses it (`training=True`): the distributed and
-    mixed-precision paths are written for CUDA and CPU.
-    """
-    name = str(name)
-    kind = ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
-    choices = "auto, cpu, cuda, cuda:N" + ("" if training else ", mps")
-    if kind == "mps":
-        if training:
-            raise ConfigError("device=mps is not supported for training (translate.py and evaluate.py accept it): "
-                              "use device=cpu, or a CUDA machine")
-        if not torch.backends.mps.is_available():
-            raise ConfigError("device=mps but this torch has no MPS device (Apple silicon with macOS 12.3+ only): "
-                              "use device=cpu or device=auto")
-        return torch.device("mps")
-    if kind.startswith("cuda"):
-        index = kind.removeprefix("cuda").removeprefix(":")
-        if kind != "cuda" and not (kind.startswith("cuda:") and index.isdigit()):
-            raise ConfigError(f"device={name} is not one of {choices} (N a GPU number, e.g. cuda:0)")
-        if not torch.cuda.is_available():
-            raise ConfigError(f"device={name} but no CUDA device is visible: use device=cpu or device=auto")
-        device = torch.device("cuda", int(index)) if index else torch.device("cuda", local_rank)
-        if device.index >= torch.cuda.device_count():
-            raise ConfigError(f"device={name} but this machine has {torch.cuda.device_count()} CUDA device(s) "
-                              f"(cuda:0 to cuda:{torch.cuda.device_count() - 1}): choose one of them")
-        torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        return device
-    if kind != "cpu":
-        hint = " (device=cuda is the GPU)" if kind.lower() in ("gpu", "gpus", "nvidia") else ""
-        raise ConfigError(f"device={name} is not one of {choices}{hint}")
-    return torch.device("cpu")

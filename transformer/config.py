@@ -1,14 +1,16 @@
 """The configuration schema: one frozen, keyword-only dataclass per config group, checked in one place.
 
 The groups `model`, `data`, `train` and `decode` of `configs/` are backed by `ModelConfig`, `DataConfig`,
-`TrainConfig` and `DecodeConfig`; `TrainJob`, `TranslateJob` and `EvaluateJob` are the whole configs of
-train.py, translate.py and evaluate.py. They are registered with Hydra's ConfigStore (`register()`) as the
-schemas of `configs/{config,translate,evaluate}.yaml`, so OmegaConf refuses a value of the wrong type or an
-unknown key and names it; each dataclass's `__post_init__` holds its range checks (a one-line ConfigError).
-`to_job(cfg)` turns a composed config into the job's dataclass, running those checks.
+`TrainConfig` and `DecodeConfig` (`DataConfig` is data/config.py's: the lower package reads it);
+`TrainJob`, `TranslateJob` and `EvaluateJob` are the whole configs of train.py, translate.py and evaluate.py.
+Each dataclass's `__post_init__` holds its range checks (a one-line ConfigError). This module is plain
+dataclasses: the model and the Translator use it without Hydra or OmegaConf. transformer/cli.py registers
+them with Hydra's ConfigStore (`register()`) as the schemas of `configs/{config,translate,evaluate}.yaml`,
+so OmegaConf refuses a value of the wrong type or an unknown key and names it, and `to_job(cfg)` turns a
+composed config into the job's dataclass, running those checks.
 
 The defaults are the paper's: `ModelConfig()` is the base model (Table 3), `MODEL_PRESETS["big"]` the big
-one, `TrainConfig()` the §5 recipe and `DecodeConfig()` §6.1's search.
+one (`model=big`; every model preset is there), `TrainConfig()` the §5 recipe and `DecodeConfig()` §6.1's search.
 """
 
 from __future__ import annotations
@@ -18,27 +20,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
-
-
-class ConfigError(ValueError):
-    """A configuration the user must change; the message is one line that says how."""
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
-def _one_of(key: str, value: str, options: tuple[str, ...], note: str = "") -> None:
-    _require(value in options, f"{key}={value} is not one of {', '.join(options)}{note}")
-
-
-def _at_least(key: str, value: float | None, lowest: float, *, nullable: bool = False) -> None:
-    if value is None and nullable:
-        return
-    _require(value is not None and value >= lowest,
-             f"{key}={value!r} is invalid: set it to a number >= {lowest}{' or null' if nullable else ''}")
+from data.config import DataConfig, at_least, one_of, require
+from data.errors import ConfigError
 
 
 # ------------------------------------------------------------------------------------------------ model
@@ -69,24 +52,24 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("d_model", "heads", "d_ff", "encoder_layers", "decoder_layers"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                     f"model.{name}={value!r} is invalid: set it to a positive integer")
-        _require(self.d_model % self.heads == 0, f"model.d_model={self.d_model} is not divisible by "
+            require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                    f"model.{name}={value!r} is invalid: set it to a positive integer")
+        require(self.d_model % self.heads == 0, f"model.d_model={self.d_model} is not divisible by "
                                                  f"model.heads={self.heads}: choose d_model a multiple of heads")
-        _require(isinstance(self.dropout, (int, float)) and not isinstance(self.dropout, bool) and 0 <= self.dropout < 1,
-                 f"model.dropout={self.dropout!r} is invalid: choose a probability in [0, 1)")
+        require(isinstance(self.dropout, (int, float)) and not isinstance(self.dropout, bool) and 0 <= self.dropout < 1,
+                f"model.dropout={self.dropout!r} is invalid: choose a probability in [0, 1)")
         for name in ("norm_first", "attention_bias", "scale_embedding", "logits_bias", "shared_embeddings"):
-            _require(isinstance(getattr(self, name), bool),
-                     f"model.{name}={getattr(self, name)!r} is invalid: set it to true or false")
-        _one_of("model.activation", self.activation, ACTIVATIONS, " (relu is the paper's)")
-        _require(self.d_k is None or (isinstance(self.d_k, int) and not isinstance(self.d_k, bool) and self.d_k >= 1),
-                 f"model.d_k={self.d_k!r} is invalid: set it to a positive integer (the query/key width per head) "
-                 "or null (d_model / heads)")
-        _one_of("model.positions", self.positions, POSITIONS, " (sinusoidal is the paper's)")
-        _require(isinstance(self.max_positions, int) and not isinstance(self.max_positions, bool)
-                 and self.max_positions >= 2,
-                 f"model.max_positions={self.max_positions!r} is invalid: set it to an integer >= 2 (the rows of "
-                 "the learned position table)")
+            require(isinstance(getattr(self, name), bool),
+                    f"model.{name}={getattr(self, name)!r} is invalid: set it to true or false")
+        one_of("model.activation", self.activation, ACTIVATION_NAMES, " (relu is the paper's)")
+        require(self.d_k is None or (isinstance(self.d_k, int) and not isinstance(self.d_k, bool) and self.d_k >= 1),
+                f"model.d_k={self.d_k!r} is invalid: set it to a positive integer (the query/key width per head) "
+                "or null (d_model / heads)")
+        one_of("model.positions", self.positions, POSITIONS, " (sinusoidal is the paper's)")
+        require(isinstance(self.max_positions, int) and not isinstance(self.max_positions, bool)
+                and self.max_positions >= 2,
+                f"model.max_positions={self.max_positions!r} is invalid: set it to an integer >= 2 (the rows of "
+                "the learned position table)")
 
     @property
     def key_width(self) -> int:
@@ -99,7 +82,7 @@ class ModelConfig:
         return self.d_model // self.heads
 
 
-ACTIVATIONS = ("relu", "gelu", "swish")  # gelu: the exact (erf) GELU; swish: x·sigmoid(x) (SiLU), as Marian's
+ACTIVATION_NAMES = ("relu", "gelu", "swish")  # gelu: the exact (erf) GELU; swish: x·sigmoid(x) (SiLU), as Marian's
 POSITIONS = ("sinusoidal", "learned")  # §3.5's sinusoids | Table 3 row (E): learned positional embeddings
 
 
@@ -122,61 +105,10 @@ MODEL_PRESETS = {
     # paper says 65M and 213M (docs/TABLE3.md, "Parameter counts", explains the difference).
     "base": ModelConfig(),  # N=6, d_model=512, d_ff=2048, h=8, d_k=d_v=64, P_drop=0.1
     "big": ModelConfig(d_model=1024, heads=16, d_ff=4096, dropout=0.3),  # d_k=d_v=64, P_drop=0.3
+    # Not the paper's: a small model for the quickstart and smoke runs on a CPU (1.1M parameters with the
+    # quickstart's 1000-piece vocabulary). Tests set their own, smaller sizes.
+    "tiny": ModelConfig(d_model=128, heads=4, d_ff=512, encoder_layers=2, decoder_layers=2),
 }
-
-
-# ------------------------------------------------------------------------------------------------- data
-
-
-@dataclass(frozen=True, kw_only=True)
-class DataConfig:
-    """`data.*`: the corpus, its cleaning and the vocabulary (docs/DATA.md). Defaults: WMT14 EN-DE."""
-
-    src_lang: str = "en"
-    tgt_lang: str = "de"
-    vocab_size: Optional[int] = 37000
-    spm_model: Optional[str] = None  # null: train a shared SentencePiece BPE model (stored in run_dir)
-    vocab: str = "keep"  # with init_from: keep (the checkpoint's) | transfer (a new one; docs/FINETUNING.md)
-    dataset: Optional[str] = None  # HF hub name or a local directory in its layout; or train_prefix
-    subset: Optional[str] = None
-    revision: Optional[str] = None  # a hub dataset's git revision (a commit hash pins its content); null: the newest
-    train_split: str = "train"
-    valid_split: str = "validation"
-    test_split: str = "test"
-    train_prefix: Optional[str] = None  # <prefix>.<lang>: one sentence a line
-    valid_prefix: Optional[str] = None
-    test_prefix: Optional[str] = None
-    generate: Optional[str] = None  # `synthetic`: write the quickstart's generated corpus to the prefixes
-    vocab_sample: int = 2_000_000  # sentences sampled (both sides) to train the vocabulary
-    max_len: Optional[int] = 250  # training pairs with more whitespace words on a side are dropped
-    max_len_ratio: Optional[float] = 1.5  # ... or whose word-length ratio exceeds this
-    dedup: bool = False
-    num_workers: int = 4
-    cache_dir: Optional[str] = None  # null: run_dir/data
-
-    def __post_init__(self) -> None:
-        _require(not (self.dataset and self.train_prefix),
-                 "both data.dataset and data.train_prefix are set: set one of them to null")
-        _require(bool(self.dataset or self.train_prefix),
-                 "neither data.dataset nor data.train_prefix is set: set one (the other stays null)")
-        _require(not self.revision or bool(self.dataset),
-                 f"data.revision={self.revision} pins a hub dataset, but data.dataset is null: set data.dataset or "
-                 "data.revision=null")
-        _require(bool(self.src_lang and self.tgt_lang) and self.src_lang != self.tgt_lang,
-                 f"data.src_lang and data.tgt_lang must be two different languages (got {self.src_lang!r}, "
-                 f"{self.tgt_lang!r})")
-        _require(self.vocab_size is None or self.vocab_size >= 300,
-                 f"data.vocab_size must be an integer >= 300 (256 byte pieces + specials + characters) or null, "
-                 f"got {self.vocab_size!r}")
-        _one_of("data.vocab", self.vocab, ("keep", "transfer"),
-                " (keep: the init_from checkpoint's vocabulary; transfer: a new one, see docs/FINETUNING.md)")
-        _require(self.generate in (None, "synthetic"), f"data.generate={self.generate} is not one of null, synthetic")
-        _require(self.max_len is None or self.max_len >= 1, f"data.max_len must be an integer >= 1 or null, "
-                                                            f"got {self.max_len!r}")
-        _require(self.max_len_ratio is None or self.max_len_ratio >= 1,
-                 f"data.max_len_ratio must be a number >= 1 or null, got {self.max_len_ratio!r}")
-        _require(self.num_workers >= 1, f"data.num_workers must be an integer >= 1, got {self.num_workers!r}")
-        _require(self.vocab_sample >= 2, f"data.vocab_sample must be an integer >= 2, got {self.vocab_sample!r}")
 
 
 # ------------------------------------------------------------------------------------------------ train
@@ -220,25 +152,25 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for key in ("max_tokens", "tokens_per_update", "warmup_steps", "save_every_steps", "valid_every_steps",
                     "log_every_steps", "max_nonfinite", "average_last"):
-            _require(getattr(self, key) > 0, f"train.{key}={getattr(self, key)} must be a positive integer")
-        _require(self.update_freq is None or self.update_freq > 0,
-                 f"train.update_freq={self.update_freq} must be a positive integer or null")
+            require(getattr(self, key) > 0, f"train.{key}={getattr(self, key)} must be a positive integer")
+        require(self.update_freq is None or self.update_freq > 0,
+                f"train.update_freq={self.update_freq} must be a positive integer or null")
         for key in ("max_steps", "max_epochs", "max_time", "save_every_minutes"):
-            _at_least(f"train.{key}", getattr(self, key), 0, nullable=True)
+            at_least(f"train.{key}", getattr(self, key), 0, nullable=True)
         for key in ("keep_last", "valid_bleu_lines", "patience", "num_samples", "clip_norm"):
-            _at_least(f"train.{key}", getattr(self, key), 0)
-        _require(self.lr_scale > 0, f"train.lr_scale={self.lr_scale} must be positive")
-        _require(0 <= self.label_smoothing < 1, f"train.label_smoothing={self.label_smoothing} must be in [0, 1)")
-        _one_of("train.precision", self.precision, ("auto", "fp32", "bf16", "fp16"))
-        _one_of("train.best_metric", self.best_metric, ("bleu", "loss", "nll"))
-        _require(self.best_metric != "bleu" or self.valid_bleu_lines > 0,
-                 "train.best_metric=bleu needs BLEU at validation, but train.valid_bleu_lines=0: set "
-                 "train.valid_bleu_lines (e.g. 200) or train.best_metric=loss")
-        _require(not 0 < self.keep_last < self.average_last,
-                 f"train.average_last={self.average_last} exceeds train.keep_last={self.keep_last}: keep at least "
-                 "as many checkpoints as you average")
+            at_least(f"train.{key}", getattr(self, key), 0)
+        require(self.lr_scale > 0, f"train.lr_scale={self.lr_scale} must be positive")
+        require(0 <= self.label_smoothing < 1, f"train.label_smoothing={self.label_smoothing} must be in [0, 1)")
+        one_of("train.precision", self.precision, ("auto", "fp32", "bf16", "fp16"))
+        one_of("train.best_metric", self.best_metric, ("bleu", "loss", "nll"))
+        require(self.best_metric != "bleu" or self.valid_bleu_lines > 0,
+                "train.best_metric=bleu needs BLEU at validation, but train.valid_bleu_lines=0: set "
+                "train.valid_bleu_lines (e.g. 200) or train.best_metric=loss")
+        require(not 0 < self.keep_last < self.average_last,
+                f"train.average_last={self.average_last} exceeds train.keep_last={self.keep_last}: keep at least "
+                "as many checkpoints as you average")
         unknown = [part for part in self.freeze if part not in FREEZABLE]
-        _require(not unknown, f"train.freeze names {', '.join(map(repr, unknown))}: the parts that can be frozen "
+        require(not unknown, f"train.freeze names {', '.join(map(repr, unknown))}: the parts that can be frozen "
                               f"are {', '.join(FREEZABLE)} (e.g. train.freeze=[encoder,embeddings])")
 
 
@@ -278,22 +210,22 @@ class DecodeConfig:
     noise_filler: str = "<blank>"
 
     def __post_init__(self) -> None:
-        _one_of("decode.lenpen_style", self.lenpen_style, ("gnmt", "power"))
+        one_of("decode.lenpen_style", self.lenpen_style, ("gnmt", "power"))
         for key in ("beam", "nbest", "max_input_len", "max_tokens"):
-            _require(getattr(self, key) > 0, f"decode.{key}={getattr(self, key)} must be a positive integer")
+            require(getattr(self, key) > 0, f"decode.{key}={getattr(self, key)} must be a positive integer")
         for key in ("lenpen", "max_len_a", "max_len_b", "min_len", "sampling_topk"):
-            _require(getattr(self, key) >= 0, f"decode.{key}={getattr(self, key)!r} must be >= 0")
-        _require(self.sampling or self.nbest <= self.beam,
-                 f"decode.nbest={self.nbest} exceeds decode.beam={self.beam}: raise the beam")
-        _require(0 < self.sampling_topp <= 1, f"decode.sampling_topp={self.sampling_topp!r} must be in (0, 1]")
-        _require(self.temperature > 0, f"decode.temperature={self.temperature!r} must be positive")
+            require(getattr(self, key) >= 0, f"decode.{key}={getattr(self, key)!r} must be >= 0")
+        require(self.sampling or self.nbest <= self.beam,
+                f"decode.nbest={self.nbest} exceeds decode.beam={self.beam}: raise the beam")
+        require(0 < self.sampling_topp <= 1, f"decode.sampling_topp={self.sampling_topp!r} must be in (0, 1]")
+        require(self.temperature > 0, f"decode.temperature={self.temperature!r} must be positive")
         for key in ("sampling", "noise"):
-            _require(isinstance(getattr(self, key), bool), f"decode.{key}={getattr(self, key)!r} must be true or false")
-        _require(bool(self.noise_filler.strip()) and len(self.noise_filler.split()) == 1,
-                 f"decode.noise_filler={self.noise_filler!r} must be one word (e.g. <blank>)")
-        _one_of("decode.precision", self.precision, ("fp32", "bf16", "int8"))
-        _one_of("decode.stop", self.stop, ("exact", "patience"))
-        _require(self.patience > 0, f"decode.patience={self.patience!r} must be positive")
+            require(isinstance(getattr(self, key), bool), f"decode.{key}={getattr(self, key)!r} must be true or false")
+        require(bool(self.noise_filler.strip()) and len(self.noise_filler.split()) == 1,
+                f"decode.noise_filler={self.noise_filler!r} must be one word (e.g. <blank>)")
+        one_of("decode.precision", self.precision, ("fp32", "bf16", "int8"))
+        one_of("decode.stop", self.stop, ("exact", "patience"))
+        require(self.patience > 0, f"decode.patience={self.patience!r} must be positive")
 
 
 # ------------------------------------------------------------------------------------------------- jobs
@@ -314,14 +246,14 @@ class TrainJob:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def __post_init__(self) -> None:
-        _require(self.data.vocab != "transfer" or bool(self.init_from),
-                 "data.vocab=transfer needs init_from=<checkpoint or run_dir>: the model whose embeddings are "
-                 "carried over")
+        require(self.data.vocab != "transfer" or bool(self.init_from),
+                "data.vocab=transfer needs init_from=<checkpoint or run_dir>: the model whose embeddings are "
+                "carried over")
         deepest = max(self.model.encoder_layers, self.model.decoder_layers)
         top = self.train.train_top_layers
-        _require(top is None or 0 <= top <= deepest,
-                 f"train.train_top_layers={top} must be null (train every layer) or an integer from 0 to {deepest} "
-                 f"(the model has {self.model.encoder_layers} encoder and {self.model.decoder_layers} decoder layers)")
+        require(top is None or 0 <= top <= deepest,
+                f"train.train_top_layers={top} must be null (train every layer) or an integer from 0 to {deepest} "
+                f"(the model has {self.model.encoder_layers} encoder and {self.model.decoder_layers} decoder layers)")
         if self.model.positions == "learned":
             _check_position_table(self.model.max_positions, self.decode)
 
@@ -358,13 +290,19 @@ class TranslateJob:
     alignment_layer: Optional[int] = None  # the decoder layer they come from (0-based); null: max(N-2, N//2)
     interactive: bool = False  # true: load once, translate each line as it arrives and flush its translation
     interactive_batch: int = 16  # interactive: lines already waiting are translated together, at most this many
+    chunk_lines: int = 10000  # input read and translated this many lines at a time (memory); output=: resumable
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def __post_init__(self) -> None:
-        _require(self.checkpoint is not None and self.checkpoint != [],
-                 "give checkpoint=<run_dir or .pt> (or checkpoint=[a.pt,b.pt] for an ensemble)")
-        _require(self.interactive_batch > 0,
-                 f"interactive_batch={self.interactive_batch} must be a positive integer (1: one line at a time)")
+        require(self.checkpoint is not None and self.checkpoint != [],
+                "give checkpoint=<run_dir or .pt> (or checkpoint=[a.pt,b.pt] for an ensemble)")
+        require(self.chunk_lines > 0, f"chunk_lines={self.chunk_lines} must be a positive number of lines")
+        require(not (self.alignment and self.decode.nbest > 1),
+                "alignment=true aligns the best translation only: set decode.nbest=1")
+        require(not (self.alignment and self.interactive),
+                "alignment=true and interactive=true do not go together yet: set one of them to false")
+        require(self.interactive_batch > 0,
+                f"interactive_batch={self.interactive_batch} must be a positive integer (1: one line at a time)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -391,60 +329,23 @@ class EvaluateJob:
     checkpoints: Optional[str] = None  # all: score every kept checkpoint and last-k average of the run
 
     def __post_init__(self) -> None:
-        _one_of("split", self.split, ("auto", "dev", "test"), " (dev: a Table 3 row, test: a Table 2 row)")
-        _one_of("paired_test", self.paired_test, ("bs", "ar"),
+        one_of("split", self.split, ("auto", "dev", "test"), " (dev: a Table 3 row, test: a Table 2 row)")
+        one_of("paired_test", self.paired_test, ("bs", "ar"),
                 " (bs: paired bootstrap resampling, ar: paired approximate randomization)")
-        _at_least("paired_samples", self.paired_samples, 0)
-        _require(self.checkpoints in (None, "all"),
-                 f"checkpoints={self.checkpoints} is not all: checkpoints=all scores every kept checkpoint of a "
-                 "run (or leave it out for the one checkpoint= picks)")
+        at_least("paired_samples", self.paired_samples, 0)
+        require(self.checkpoints in (None, "all"),
+                f"checkpoints={self.checkpoints} is not all: checkpoints=all scores every kept checkpoint of a "
+                "run (or leave it out for the one checkpoint= picks)")
+        several = isinstance(self.hyp, (list, tuple)) and len(self.hyp) > 1
+        require(self.hyp is not None or self.checkpoint is not None,
+                "give checkpoint=<run_dir or .pt> to translate, or hyp=<file> to score a translation")
+        require(not (several and self.checkpoint is not None),
+                "hyp=[...] compares translations already made: drop checkpoint= (or decode each system first with "
+                "translate.py)")
+        require(self.checkpoints != "all" or self.hyp in (None, [], ()),
+                "checkpoints=all decodes with every checkpoint of a run: drop hyp=")
+        require(self.checkpoints != "all" or bool(self.src or self.testset),
+                "checkpoints=all decodes, so it needs the source: give src=<file> with ref=<file>, or testset=<name>")
 
 
 JOBS = {"config": TrainJob, "translate": TranslateJob, "evaluate": EvaluateJob}
-
-
-# ---------------------------------------------------------------------------------------------- Hydra
-
-
-def _schema(obj) -> DictConfig:
-    """`OmegaConf.structured(obj)` with its type checks, but writable: Hydra merges the YAML files and the
-    overrides into the schema, which OmegaConf marks read-only (every node) for a frozen dataclass."""
-    node = OmegaConf.structured(obj)
-
-    def writable(config: DictConfig) -> None:
-        OmegaConf.set_readonly(config, None)
-        for key in config:
-            child = config._get_node(key)
-            if isinstance(child, DictConfig):
-                writable(child)
-
-    writable(node)
-    return node
-
-
-def register() -> None:
-    """Register the schemas (`<job>_schema`, e.g. `config_schema`, first in each job's defaults list), the
-    model presets (`model=base`, `model=big`) with Hydra's ConfigStore, and the `sweep_dir` resolver of
-    configs/app.yaml. Idempotent."""
-    from hydra.core.config_store import ConfigStore  # here: the dataclasses are used without Hydra too
-
-    if not OmegaConf.has_resolver("sweep_dir"):  # configs/app.yaml: where a multirun writes multirun.yaml
-        OmegaConf.register_new_resolver("sweep_dir", lambda run_dir: run_dir or "runs")
-    store = ConfigStore.instance()
-    for name, job in JOBS.items():
-        store.store(name=f"{name}_schema", node=_schema(job))
-    for name, preset in MODEL_PRESETS.items():
-        store.store(group="model", name=name, node=_schema(preset))
-
-
-def to_job(cfg: DictConfig, job: str = "config"):
-    """The composed config as its job's frozen dataclass; range checks raise a one-line ConfigError."""
-    container = OmegaConf.to_container(cfg, resolve=True)
-    for key in ("choices", "job_num", "overrides"):  # added by transformer/cli.py (naming runs, decode_request)
-        container.pop(key, None)
-    try:
-        return OmegaConf.to_object(OmegaConf.merge(_schema(JOBS[job]), container))
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as error:  # e.g. a dataclass refusing a key: name it in one line
-        raise ConfigError(str(error).splitlines()[0]) from None

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from data.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -164,3 +166,42 @@ def cleanup() -> None:
     """Leave the process group (call once at the end of the run, on every rank)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def pick_device(name: str, local_rank: int = 0, *, training: bool = False):
+    """`device=auto | cpu | cuda | cuda:N | mps` as a torch.device; a CUDA device is also made current, with TF32
+    matmuls (training and decoding on Ampere and later). Under torchrun, `cuda` is the rank's local GPU.
+
+    `mps` (Apple silicon) is for decoding only (translate.py, evaluate.py), where torch was built with it; it is
+    untested here (no such machine), and training refuses it (`training=True`): the distributed and
+    mixed-precision paths are written for CUDA and CPU.
+    """
+    name = str(name)
+    kind = ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+    choices = "auto, cpu, cuda, cuda:N" + ("" if training else ", mps")
+    if kind == "mps":
+        if training:
+            raise ConfigError("device=mps is not supported for training (translate.py and evaluate.py accept it): "
+                              "use device=cpu, or a CUDA machine")
+        if not torch.backends.mps.is_available():
+            raise ConfigError("device=mps but this torch has no MPS device (Apple silicon with macOS 12.3+ only): "
+                              "use device=cpu or device=auto")
+        return torch.device("mps")
+    if kind.startswith("cuda"):
+        index = kind.removeprefix("cuda").removeprefix(":")
+        if kind != "cuda" and not (kind.startswith("cuda:") and index.isdigit()):
+            raise ConfigError(f"device={name} is not one of {choices} (N a GPU number, e.g. cuda:0)")
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device={name} but no CUDA device is visible: use device=cpu or device=auto")
+        device = torch.device("cuda", int(index)) if index else torch.device("cuda", local_rank)
+        if device.index >= torch.cuda.device_count():
+            raise ConfigError(f"device={name} but this machine has {torch.cuda.device_count()} CUDA device(s) "
+                              f"(cuda:0 to cuda:{torch.cuda.device_count() - 1}): choose one of them")
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        return device
+    if kind != "cpu":
+        hint = " (device=cuda is the GPU)" if kind.lower() in ("gpu", "gpus", "nvidia") else ""
+        raise ConfigError(f"device={name} is not one of {choices}{hint}")
+    return torch.device("cpu")

@@ -18,10 +18,7 @@ What cannot be represented exactly is refused with one line naming it.
 `export`: a post-norm model of ours (any vocabulary kind) as a `MarianMTModel` directory that
 `MarianMTModel.from_pretrained` and `MarianTokenizer.from_pretrained` load, the inverse mapping of
 `import` (so import(export(x)) has x's weights bit for bit). `--ctranslate2 DIR` also writes a
-CTranslate2 model, built with CTranslate2's own `ctranslate2.specs` (a TransformerSpec with our start
-token, our sinusoid table and our vocabulary) and saved by the spec's writer; not through
-ct2-transformers-converter, whose Marian loader starts the decoder from a zero embedding and drops the
-last vocabulary row. A pre-norm model is refused: HF's Marian is post-norm only.
+CTranslate2 model (transformer/ct2_export.py). A pre-norm model is refused: HF's Marian is post-norm only.
 """
 
 from __future__ import annotations
@@ -40,8 +37,8 @@ from data.errors import DataError
 from data.vocab import BOS_ID, MarianVocab, Vocab, load_vocab
 from transformer import checkpoint as ckpt
 from transformer.config import ARCH_KEYS, ModelConfig
-from transformer.errors import one_line
-from transformer.model import Transformer, TransformerConfig, sinusoids
+from data.errors import one_line
+from transformer.model import Transformer, TransformerConfig
 
 log = logging.getLogger(__name__)
 
@@ -310,13 +307,10 @@ def _convert(src: Path, run_dir: Path, hc, hf: dict[str, torch.Tensor], tokenize
     src_lang = src_lang or tokenizer.get("source_lang")
     tgt_lang = tgt_lang or tokenizer.get("target_lang")
     model_keys = {key: getattr(config, key) for key in (f.name for f in dataclasses.fields(ModelConfig))}
-    state = {
-        "format_version": ckpt.FORMAT_VERSION, "kind": "imported", "step": 0,
-        "model_config": dataclasses.asdict(config), "model": ours.state_dict(),
-        "spm_model": ckpt.spm_tensor(vocab.model_proto),
-        "config": {"model": model_keys, "data": {"src_lang": src_lang, "tgt_lang": tgt_lang}},
-        "imported_from": str(src.resolve()),
-    }
+    state = ckpt.checkpoint_dict(kind="imported", step=0, model_config=dataclasses.asdict(config),
+                                 model=ours.state_dict(), spm_model=vocab.model_proto,
+                                 config={"model": model_keys, "data": {"src_lang": src_lang, "tgt_lang": tgt_lang}},
+                                 imported_from=str(src.resolve()))
     path = ckpt.checkpoint_dir(run_dir) / IMPORTED
     ckpt.save(state, path)
     vocab.save(run_dir / "spm.model")
@@ -388,12 +382,7 @@ def load_model(checkpoint: str | Path) -> tuple[Transformer, Vocab | MarianVocab
     """Our model (eval mode, float32, CPU), its vocabulary and checkpoint record, from a .pt or run dir."""
     path = ckpt.resolve(checkpoint)
     state = ckpt.load(path)
-    try:
-        config = TransformerConfig(**state["model_config"])
-    except (TypeError, ValueError) as e:
-        raise InteropError(f"{path} has an invalid model_config ({one_line(e, limit=120)})") from None
-    model = Transformer(config)
-    ckpt.load_model_state(model, state["model"], path, fix="use another checkpoint")
+    model = ckpt.model_of(state, path)
     vocab = load_vocab(ckpt.spm_bytes(state))
     return model.float().eval(), vocab, state
 
@@ -457,111 +446,12 @@ def export_marian(model: Transformer, vocab: Vocab | MarianVocab, out_dir: str |
     return out_dir
 
 
-def vocabulary_tokens(vocab: Vocab | MarianVocab) -> tuple[list[str], list[str]]:
-    """The token strings of the source and target ids, as CTranslate2 names tokens."""
-    if isinstance(vocab, MarianVocab):
-        return list(vocab.source_pieces), list(vocab.target_pieces)
-    pieces = vocab.pieces(range(vocab.size))
-    return pieces, list(pieces)
-
-
-def ctranslate2_spec(model: Transformer, source: list[str], target: list[str], *,
-                     max_positions: int = MAX_POSITIONS):
-    """A CTranslate2 `TransformerSpec` of `model` with these token strings for the source and target ids:
-    post-norm layers, our sinusoid table, our start token (bos_id), sources ended by EOS automatically."""
-    config = model.config
-    refuse_table3_variants(config, "CTranslate2")
-    from ctranslate2.specs import common_spec, transformer_spec
-
-    if config.norm_first:
-        raise InteropError("CTranslate2 export of a pre-norm model is not supported: export a post-norm model")
-    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
-                  "swish": common_spec.Activation.SWISH}[config.activation]
-    encoder = transformer_spec.TransformerEncoderSpec(config.encoder_layers, config.heads, pre_norm=False,
-                                                      activation=activation)
-    decoder = transformer_spec.TransformerDecoderSpec(config.decoder_layers, config.heads, pre_norm=False,
-                                                      activation=activation)
-
-    def array(tensor: torch.Tensor):  # a copy: CTranslate2 quantises the spec's arrays in place
-        return tensor.detach().to("cpu", torch.float32, memory_format=torch.contiguous_format, copy=True).numpy()
-
-    def linear(spec, layer) -> None:
-        spec.weight = array(layer.weight)
-        if layer.bias is not None:
-            spec.bias = array(layer.bias)
-
-    def norm(spec, layer) -> None:
-        spec.gamma, spec.beta = array(layer.weight), array(layer.bias)
-
-    def ffn(spec, layer) -> None:
-        linear(spec.linear_0, layer.ffn.w1)
-        linear(spec.linear_1, layer.ffn.w2)
-        norm(spec.layer_norm, layer.ffn_norm)
-
-    table = array(sinusoids(max_positions, config.d_model))
-    for stack_spec, embedding in ((encoder, model.embedding), (decoder, model.output_embedding)):
-        stack_spec.scale_embeddings = config.scale_embedding
-        stack_spec.position_encodings.encodings = table
-    encoder.embeddings[0].weight = array(model.embedding.weight)
-    for spec, layer in zip(encoder.layer, model.encoder.layers):
-        linear(spec.self_attention.linear[0], layer.self_attn.in_proj)
-        linear(spec.self_attention.linear[1], layer.self_attn.out_proj)
-        norm(spec.self_attention.layer_norm, layer.self_attn_norm)
-        ffn(spec.ffn, layer)
-    decoder.embeddings.weight = array(model.output_embedding.weight)
-    decoder.projection.weight = decoder.embeddings.weight
-    if model.logits_bias is not None:
-        decoder.projection.bias = array(model.logits_bias)
-    decoder.start_from_zero_embedding = False
-    for spec, layer in zip(decoder.layer, model.decoder.layers):
-        linear(spec.self_attention.linear[0], layer.self_attn.in_proj)
-        linear(spec.self_attention.linear[1], layer.self_attn.out_proj)
-        norm(spec.self_attention.layer_norm, layer.self_attn_norm)
-        linear(spec.attention.linear[0], layer.cross_attn.q_proj)
-        linear(spec.attention.linear[1], layer.cross_attn.kv_proj)
-        linear(spec.attention.linear[2], layer.cross_attn.out_proj)
-        norm(spec.attention.layer_norm, layer.cross_attn_norm)
-        ffn(spec.ffn, layer)
-
-    spec = transformer_spec.TransformerSpec(encoder, decoder)
-    spec.register_source_vocabulary(list(source))
-    spec.register_target_vocabulary(list(target))
-    spec.config.unk_token, spec.config.eos_token = target[config.unk_id], target[config.eos_id]
-    spec.config.bos_token = spec.config.decoder_start_token = target[config.bos_id]
-    spec.config.add_source_eos = True  # sources are given as pieces; EOS ends them, as ours do
-    spec.config.layer_norm_epsilon = model.encoder.layers[0].self_attn_norm.eps
-    return spec
-
-
-def save_ctranslate2(spec, out_dir: str | Path, *, quantization: str | None = None) -> Path:
-    """Validate, quantize (None: float32) and write a CTranslate2 spec with CTranslate2's own writer."""
-    out_dir = Path(out_dir)
-    spec.validate()
-    spec.optimize(quantization=quantization)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    spec.save(str(out_dir))
-    return out_dir
-
-
-def export_ctranslate2(model: Transformer, vocab: Vocab | MarianVocab, out_dir: str | Path, *,
-                       quantization: str | None = None) -> Path:
-    """Write a CTranslate2 model directory (its own writer), with the SentencePiece models beside it."""
-    out_dir = save_ctranslate2(ctranslate2_spec(model, *vocabulary_tokens(vocab)), out_dir,
-                               quantization=quantization)
-    source, target = ((vocab.source_spm, vocab.target_spm) if isinstance(vocab, MarianVocab)
-                      else (vocab.model_proto, vocab.model_proto))
-    (out_dir / "source.spm").write_bytes(source)
-    (out_dir / "target.spm").write_bytes(target)
-    return out_dir
-
-
 # ------------------------------------------------------------------------------------------ command line
 
 
-QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
-
-
 def main(argv: list[str] | None = None) -> int:
+    from transformer.ct2_export import QUANTIZATIONS, export_ctranslate2  # it imports this module
+
     parser = argparse.ArgumentParser(prog="python -m transformer.hf", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     imp = commands.add_parser("import", help="a MarianMTModel (OPUS-MT) directory -> a run directory of ours")

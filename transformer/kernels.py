@@ -50,10 +50,9 @@ def choose_float32_kernel(vendor: str, capability: str, override: str = "auto") 
     this vendor (/proc/cpuinfo's vendor_id) and torch CPU capability ("AVX512", "AVX2", ...).
 
     oneDNN only on AMD CPUs with AVX-512: MKL runs its AVX-512 code on Intel CPUs only, so on an AMD CPU with
-    AVX-512 its sgemm leaves half the vector width unused, and oneDNN was 2.2x faster there (242 against 108
-    GFLOP/s, AMD EPYC, 2026-11-29). On an AVX2-only AMD EPYC the two were level (plain 6 % faster or within
-    noise), and on an Intel Xeon with AVX-512 and AMX MKL was 5-20 % faster at the model's shapes, training
-    and decoding (docs/BENCHMARKS.md, 'Kernel choice'). A rule, not a timing at start, so every rank and
+    AVX-512 its sgemm leaves half the vector width unused, and oneDNN was about twice as fast there. On an
+    AVX2-only AMD EPYC the two were level, and on an Intel Xeon with AVX-512 and AMX MKL was faster at the
+    model's shapes (docs/BENCHMARKS.md, 'Kernel choice', has the measurements). A rule, not a timing at start, so every rank and
     every run on a machine computes with the same kernels. `override` (TRANSFORMER_CPU_LINEAR) is
     auto | onednn | plain.
     """

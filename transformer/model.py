@@ -480,7 +480,7 @@ def _zero_biases(*layers: nn.Linear) -> None:
 # §3.3 Position-wise feed-forward network
 
 # The nonlinearity between W_1 and W_2: the paper's ReLU, or what Marian models use instead.
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}  # gelu: exact (erf); swish = SiLU: x·σ(x)
+ACTIVATION_FUNCTIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}  # gelu: exact (erf); swish = SiLU: x·σ(x)
 
 
 class FeedForward(nn.Module):
@@ -491,7 +491,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.w1 = Linear(d_model, d_ff)
         self.w2 = Linear(d_ff, d_model)
-        self.activation = ACTIVATIONS[activation]
+        self.activation = ACTIVATION_FUNCTIONS[activation]
         for layer in (self.w1, self.w2):
             nn.init.xavier_uniform_(layer.weight)
             nn.init.zeros_(layer.bias)

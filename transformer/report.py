@@ -24,10 +24,10 @@ import torch
 from matplotlib.figure import Figure
 from sacrebleu.metrics import BLEU, CHRF
 
-from transformer import checkpoint as ckpt
+from data.files import atomic_write
 from transformer.alignment import cross_attention
 from transformer.model import Transformer
-from transformer.scoring import table_markdown
+from transformer.tables import table_markdown
 
 MAX_POINTS = 1000  # curves longer than this are averaged into this many bins (a 300k-update run logs 3000+ points)
 MAX_PIECES = 40  # attention figures show sentences of at most this many pieces a side (readable labels)
@@ -345,7 +345,7 @@ def write_report(evaluation: Evaluation) -> Path:
     else:
         lines += ["Needs a checkpoint and the source sentences.", ""]
     path = out / "report.md"
-    ckpt.atomic_write(path, "\n".join(lines))
+    atomic_write(path, "\n".join(lines))
     return path
 
 

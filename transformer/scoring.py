@@ -1,4 +1,5 @@
-"""Scoring translations: sacreBLEU, chrF, the paper's tokenized BLEU, test sets and the results tables.
+"""Scoring translations: sacreBLEU, chrF, the paper's tokenized BLEU, the Multi30k papers' lcBLEU, and the
+package versions a score depends on (test sets: transformer/testsets.py; the results tables: tables.py).
 
 Pure functions over lists of strings and files; no model, no Hydra. evaluate.py wires them.
 
@@ -30,22 +31,17 @@ sacremoses 0.2 and the 2018 perl do not; on newstest2014 that moves the two syst
 fairseq's compound_split_bleu.sh tokenizes with `-a` and scores ~0.9 higher: not the paper's number.
 """
 
-import copy
 import functools
 import importlib.metadata
 import logging
-import math
-import os
 import platform
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import sacremoses
 from sacrebleu.metrics import BLEU, CHRF
 
-from transformer.checkpoint import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +54,6 @@ __all__ = [
     "lc_norm_tok",
     "replace_unicode_punctuation",
     "moses_compound_split",
-    "read_lines",
-    "load_testset",
-    "append_table_row",
-    "training_flops",
-    "ROW_KEYS",
-    "TABLE2_COLUMNS",
-    "TABLE3_COLUMNS",
 ]
 
 
@@ -222,246 +211,6 @@ def lc_bleu(hyps: list[str], tokenized_refs: list[str], lang: str) -> Score:
     signature = f"case:lc|norm:moses-{lang}|tok:moses-{lang}|ref:tokenized|version:sacremoses-{sacremoses.__version__}"
     return Score(name="lcBLEU", score=float(score.score), signature=signature,
                  line=score.format(width=2, signature=signature), details=_bleu_details(score))
-
-
-# ----------------------------------------------------------------------------------------------------
-# Text files and sacreBLEU test sets
-# ----------------------------------------------------------------------------------------------------
-
-
-def read_lines(path: str | os.PathLike) -> list[str]:
-    """The lines of a UTF-8 text file, split on "\\n" only, invalid bytes replaced by U+FFFD and trailing
-    whitespace removed: exactly how sacreBLEU's command line reads hypotheses and references."""
-    with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
-        return [line.rstrip() for line in f]
-
-
-def _sacrebleu_cache() -> str:
-    return os.environ.get("SACREBLEU", os.path.join(os.path.expanduser("~"), ".sacrebleu"))
-
-
-def _dataset(name: str):
-    """sacreBLEU's dataset object, rooted at the cache $SACREBLEU names now.
-
-    sacreBLEU reads $SACREBLEU once, when `sacrebleu` is imported, and roots every dataset there. A
-    process that sets the variable later (a test, a notebook) gets a copy re-rooted at the current value.
-    """
-    from sacrebleu.dataset import DATASETS  # here: it must see $SACREBLEU as it is now (above)
-
-    if name not in DATASETS:
-        raise ValueError(f"unknown sacreBLEU test set {name!r} (`sacrebleu --list` shows them; "
-                         "newstest2014 is wmt14/full)")
-    dataset = DATASETS[name]
-    outdir = os.path.join(_sacrebleu_cache(), dataset.name)
-    if os.path.abspath(dataset._outdir) != os.path.abspath(outdir):
-        dataset = copy.copy(dataset)  # sacreBLEU >= 2.2 keeps its paths in these two attributes
-        dataset._outdir, dataset._rawdir = outdir, os.path.join(outdir, "raw")
-    return dataset
-
-
-def _testset(name: str):
-    """sacreBLEU's dataset `name`; ValueError naming the fix for an unknown name or the filtered `wmt14`."""
-    if name == "wmt14":
-        raise ValueError("sacreBLEU's 'wmt14' is the filtered newstest2014 (2737 lines for en-de); "
-                         "newstest2014 means the full 3003-line set: use testset=wmt14/full")
-    return _dataset(name)
-
-
-def testset_langpairs(name: str) -> list[str]:
-    """The language pairs of a sacreBLEU test set; ValueError naming the fix for an unknown or refused name."""
-    return sorted(_testset(name).langpairs)
-
-
-def load_testset(name: str, langpair: str) -> tuple[list[str], list[str]]:
-    """(source lines, reference lines) of a sacreBLEU test set, e.g. ("wmt14/full", "en-de").
-
-    Reads sacreBLEU's cache ($SACREBLEU, default ~/.sacrebleu; offline with
-    SACREBLEU=../shared/data/sacrebleu), downloading only what it lacks. The filtered `wmt14` is refused:
-    newstest2014 means the full 3003-line set. A set with several references gives its first.
-    """
-    dataset = _testset(name)
-    if langpair not in dataset.langpairs:
-        raise ValueError(f"sacreBLEU test set {name!r} has no language pair {langpair!r} "
-                         f"(it has {', '.join(sorted(dataset.langpairs))})")
-    try:
-        source = dataset.get_source_file(langpair)
-        references = dataset.get_reference_files(langpair)
-    except (Exception, SystemExit) as e:  # sacreBLEU's downloader exits on a bad checksum
-        raise ValueError(f"cannot get sacreBLEU test set {name} {langpair} into the cache {_sacrebleu_cache()} "
-                         f"({type(e).__name__}: {e}); offline, set SACREBLEU to a cache that holds it, "
-                         "e.g. SACREBLEU=../shared/data/sacrebleu") from None
-    src_lines, ref_lines = read_lines(source), read_lines(references[0])
-    if len(src_lines) != len(ref_lines):
-        raise ValueError(f"sacreBLEU test set {name} {langpair} in {_sacrebleu_cache()} is damaged: "
-                         f"{len(src_lines)} source lines but {len(ref_lines)} reference lines")
-    return src_lines, ref_lines
-
-
-# ----------------------------------------------------------------------------------------------------
-# Results tables in the paper's layout, and the training-cost column
-# ----------------------------------------------------------------------------------------------------
-
-
-def training_flops(params_non_embedding: int, tokens: int) -> float:
-    """Training compute ≈ 6 · N · tokens (Kaplan et al. 2020): per token 2N FLOPs forward (a multiply and
-    an add per weight) and 4N backward.
-
-    N = parameters outside the embedding (the shared embedding is a lookup on the input side);
-    tokens = target tokens trained on (updates × target tokens per update). In an encoder-decoder each
-    weight sees one side, and source and target are about equally long, so the target count stands for
-    both sides. Left out: attention's length-dependent terms and the output projection (2·V·D per target
-    token forward, 6·V·D with backward), about 40% on top of 6N for the base model at 37k vocabulary.
-    This counts the model's arithmetic; the paper's Table 2 column is instead the hardware's capacity over
-    the run, training time × GPUs × each GPU's sustained single-precision FLOPS (its footnote: 2.8, 3.7,
-    6.0 and 9.5 TFLOPS for K80, K40, M40 and P100), several times larger (base: 8 P100 × 12 h, 3.3·10^18
-    there, 6N·tokens ≈ 0.7·10^18). That figure is the table's GPU-hours column × the GPU's FLOPS, which
-    no checkpoint records.
-    """
-    return 6.0 * float(params_non_embedding) * float(tokens)
-
-
-# The row a caller passes: one evaluation of one model. `lang` (the target language) places bleu/tokbleu in
-# Table 2's EN-DE or EN-FR columns; in Table 3 "BLEU (dev)" is tokbleu, the paper's metric.
-ROW_KEYS = ("model", "lang", "bleu", "tokbleu", "ppl", "steps", "params", "gpu_hours", "flops",
-            "N", "d_model", "d_ff", "h", "d_k", "d_v", "p_drop", "eps_ls", "positions")
-_MISSING = "–"  # an en dash, for a value a run does not have
-
-
-def _text(value: Any) -> str:
-    return str(value).replace("\n", " ").replace("|", "\\|").strip() or _MISSING
-
-
-def _fixed(decimals: int):
-    return lambda value: f"{value:.{decimals}f}"
-
-
-def _general(value: Any) -> str:
-    return f"{value:g}"
-
-
-def _integer(value: Any) -> str:
-    return str(int(value))
-
-
-def _power_of_ten(value: Any) -> str:  # the paper's "3.3 · 10^18"
-    mantissa, exponent = f"{value:.1e}".split("e")
-    return f"{mantissa} · 10^{int(exponent)}"
-
-
-def _millions(value: Any) -> str:
-    return f"{value / 1e6:.0f}"
-
-
-# (column title, key of the expanded row, number format), in the paper's order
-TABLE2_COLUMNS = [
-    ("Model", "model", _text),
-    ("EN-DE BLEU (sacreBLEU)", "en_de_bleu", _fixed(2)),
-    ("EN-DE tokBLEU", "en_de_tokbleu", _fixed(2)),
-    ("EN-FR BLEU (sacreBLEU)", "en_fr_bleu", _fixed(2)),
-    ("EN-FR tokBLEU", "en_fr_tokbleu", _fixed(2)),
-    ("Training steps", "steps", _integer),
-    ("GPU-hours", "gpu_hours", _fixed(1)),
-    ("Training FLOPs", "flops", _power_of_ten),
-]
-TABLE3_COLUMNS = [
-    ("Model", "model", _text),  # the paper's unlabelled first column (base, (A), ..., big)
-    ("N", "N", _integer),
-    ("d_model", "d_model", _integer),
-    ("d_ff", "d_ff", _integer),
-    ("h", "h", _integer),
-    ("d_k", "d_k", _integer),
-    ("d_v", "d_v", _integer),
-    ("P_drop", "p_drop", _general),
-    ("ε_ls", "eps_ls", _general),
-    ("positions", "positions", _text),  # sinusoidal (§3.5) | learned: row (E), the paper's free-text cell
-    ("train steps", "steps", _integer),
-    ("PPL (dev)", "ppl", _fixed(2)),
-    ("BLEU (dev)", "tokbleu", _fixed(2)),
-    ("params ×10^6", "params", _millions),
-]
-_TABLES = {
-    "2": ("## Table 2: newstest2014 (test): BLEU and training cost", TABLE2_COLUMNS),
-    "3": ("## Table 3: variations on the base model, newstest2013 (dev); BLEU is tokBLEU", TABLE3_COLUMNS),
-}
-
-
-def _cell(value: Any, number_format) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return _MISSING
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return _text(value)
-    return number_format(value)
-
-
-def _expand(row: dict[str, Any]) -> dict[str, Any]:
-    """The row with Table 2's language columns filled from `lang`."""
-    cells = dict(row)
-    lang = row.get("lang")
-    if lang in ("de", "fr"):
-        cells[f"en_{lang}_bleu"], cells[f"en_{lang}_tokbleu"] = row.get("bleu"), row.get("tokbleu")
-    elif row.get("bleu") is not None or row.get("tokbleu") is not None:
-        log.warning("Table 2 has EN-DE and EN-FR columns only: the BLEU of %s (target %s) is left out of it",
-                    row.get("model"), lang)
-        cells["model"] = f"{row.get('model') or _MISSING} (→{lang})"
-    return cells
-
-
-def _table_lines(table: str) -> list[str]:
-    heading, columns = _TABLES[table]
-    titles = [title for title, _, _ in columns]
-    return [heading, "", "| " + " | ".join(titles) + " |", "|" + "|".join(" --- " for _ in titles) + "|"]
-
-
-def append_table_row(table_path: str | os.PathLike, row: dict[str, Any], table: str = "2") -> None:
-    """Append one evaluation to Table 2 ("2": a test-set run), Table 3 ("3": a dev-set run) or both ("both").
-
-    `row` holds any of ROW_KEYS: model (a name), lang (target language: "de" fills Table 2's EN-DE
-    columns, "fr" its EN-FR ones), bleu (sacreBLEU), tokbleu, ppl, steps, params (a count; shown in
-    millions), gpu_hours, flops, and the architecture N, d_model, d_ff, h, d_k, d_v, p_drop, eps_ls, positions
-    (sinusoidal | learned).
-    Numbers are formatted per column; a missing key or None shows "–"; an unknown key is an error.
-    Creates the file with both tables when absent; the write is atomic.
-    """
-    tables = {"2": ["2"], "3": ["3"], "both": ["2", "3"]}.get(str(table))
-    if tables is None:
-        raise ValueError(f"table must be '2', '3' or 'both', not {table!r}")
-    unknown = sorted(set(row) - set(ROW_KEYS))
-    if unknown:
-        raise ValueError(f"unknown results-table keys {unknown}; known: {', '.join(ROW_KEYS)}")
-
-    path = Path(table_path)
-    if path.exists():
-        lines = path.read_text(encoding="utf-8").splitlines()
-    else:
-        lines = ["# Results (the layout of the paper's Tables 2 and 3)", ""]
-        for t in ("2", "3"):
-            lines += _table_lines(t) + [""]
-
-    for t in tables:
-        heading, columns = _TABLES[t]
-        cells = _expand(row) if t == "2" else row
-        new_row = "| " + " | ".join(_cell(cells.get(key), number_format) for _, key, number_format in columns) + " |"
-        if heading not in lines:  # a file from elsewhere, or a table someone deleted: add it at the end
-            lines += ([""] if lines and lines[-1] else []) + _table_lines(t)
-        pos = lines.index(heading) + 1
-        while pos < len(lines) and not lines[pos].startswith(("|", "#")):  # to the table's header row
-            pos += 1
-        if pos == len(lines) or lines[pos].startswith("#"):  # a heading without its table
-            lines[pos:pos] = _table_lines(t)[2:] + [""]
-        while pos < len(lines) and lines[pos].startswith("|"):  # past the table's last row
-            pos += 1
-        lines.insert(pos, new_row)
-
-    atomic_write(path, "\n".join(lines).rstrip("\n") + "\n", what="table")
-
-
-def table_markdown(row: dict[str, Any], table: str = "2") -> list[str]:
-    """Table 2 ("2") or 3 ("3") as Markdown lines holding only `row` (as `append_table_row` writes it),
-    heading excluded: for a report."""
-    _, columns = _TABLES[table]
-    cells = _expand(row) if table == "2" else row
-    return _table_lines(table)[2:] + [
-        "| " + " | ".join(_cell(cells.get(key), number_format) for _, key, number_format in columns) + " |"]
 
 
 SCORED_WITH = ("torch", "sacrebleu", "sacremoses", "sentencepiece", "datasets")

@@ -1,4 +1,4 @@
-"""Greedy search, beam search and sampling over a model's `encode` / single-step `decode` (SPEC "Python API").
+"""Greedy search, beam search and sampling over a model's `encode` / single-step `decode` (docs/CONTRACT.md "Python API").
 
 The model is reached only through `Seq2Seq` below, which `transformer.model.Transformer` and `Ensemble` both
 satisfy: `config` (special ids, vocab_size), `encode`, `init_cache` (K rows per source, row b * K + k is beam
@@ -7,7 +7,7 @@ cache's `reorder_beams`.
 
 Axis letters: B sentences, K beams per sentence, V vocabulary, L longest hypothesis (tokens before EOS).
 
-Rules shared by both searches (SPEC):
+Rules shared by both searches (docs/CONTRACT.md):
 - A source row is its pieces + EOS, right-padded with PAD; |src| = non-PAD tokens - 1. A hypothesis has at
   most cap = floor(max_len_a * |src| + max_len_b) tokens before its EOS; at the cap only EOS is allowed.
 - PAD and BOS are never emitted; EOS is forbidden while fewer than `min_len` tokens are generated (the cap
@@ -165,7 +165,7 @@ class EnsembleCache:
 class Ensemble(nn.Module):
     """Several models decoding as one: each step scores a token by the mean of the models' log-probabilities.
 
-    This is SPEC's "per-step average of the models' log-probabilities" taken literally (as Marian, OpenNMT and
+    This is the contract's "per-step average of the models' log-probabilities" taken literally (as Marian, OpenNMT and
     sockeye's log-linear ensembles do), not fairseq's log of the mean probability. `decode` and `forward`
     return the average [B, T, V] float32, and `log_probs` hands it to search as it is: not renormalised (a
     log_softmax would renormalise it and change the ensemble's scores). Each step's average is <= 0, like any
@@ -214,7 +214,7 @@ class Ensemble(nn.Module):
         return self.decode(tgt_tokens, self.encode(src_tokens))[0]
 
     def log_probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """`decode`'s mean log-probabilities, as they are (SPEC: the average, not renormalised)."""
+        """`decode`'s mean log-probabilities, as they are (the contract: the average, not renormalised)."""
         return logits.float()
 
 

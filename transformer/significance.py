@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
 
+from data.files import atomic_write
 from transformer.scoring import sacrebleu_scores
 
 __all__ = ["TESTS", "SystemResult", "Significance", "paired_significance"]
@@ -70,6 +72,11 @@ class Significance:
 
     def to_json(self) -> str:
         return json.dumps(self.as_dict(), indent=2) + "\n"
+
+    def write(self, out: Path, title: str) -> None:
+        """significance.md (`title`, then the table) and significance.json in `out`."""
+        atomic_write(out / "significance.md", f"# {title}\n\n" + self.markdown())
+        atomic_write(out / "significance.json", self.to_json())
 
     def markdown(self) -> str:
         """The table evaluate.py prints and writes to significance.md, with the signatures and how to read it."""

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from data.files import atomic_write
 from transformer import checkpoint as ckpt
 from transformer.config import ConfigError, DecodeConfig
 from transformer.scoring import sacrebleu_scores
@@ -142,7 +143,7 @@ class DecodeCache:
             return None
 
     def _write(self, name: str, value: dict) -> None:
-        ckpt.atomic_write(self.directory / f"{name}.json", json.dumps(value) + "\n", what="decode cache entry")
+        atomic_write(self.directory / f"{name}.json", json.dumps(value) + "\n", what="decode cache entry")
 
     def translation_key(self, digest: str) -> str:
         return _sha256("translation", digest, self.settings, self.source_digest)
@@ -212,8 +213,8 @@ def sweep_checkpoints(checkpoint, *, sources: list[str], references: list[str], 
     report = _report(rows, run_dir, set_name, decode_count=decoded)
     print(report, end="", flush=True)
     out = out if out is not None else run_dir / "eval" / set_name
-    ckpt.atomic_write(out / "checkpoints.md", report)
-    ckpt.atomic_write(out / "checkpoints.json", json.dumps(
+    atomic_write(out / "checkpoints.md", report)
+    atomic_write(out / "checkpoints.json", json.dumps(
         {"testset": set_name, "lang": lang, "lines": len(sources), "decode": asdict(decode),
          "keep_last": _keep_last(run_dir), "decoded": decoded, "best_window": _best_window(rows).window,
          "rows": [asdict(row) for row in rows]}, indent=2) + "\n")
@@ -303,4 +304,4 @@ def _plot(rows: list[Row], path: Path, *, title: str) -> None:
     by_window.legend()
     by_window.grid(alpha=0.3)
     figure.suptitle(title)
-    ckpt.atomic_write(path, lambda f: figure.savefig(f, format="png", dpi=100), what="figure")
+    atomic_write(path, lambda f: figure.savefig(f, format="png", dpi=100), what="figure")

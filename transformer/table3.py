@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from transformer.config import ConfigError, ModelConfig, TrainConfig, model_config_with_defaults
-from transformer.errors import one_line
+from data.errors import one_line
 from transformer.model import Transformer, TransformerConfig
 
 DEV_SET = re.compile(r"2013|wmt13")  # evaluate.py's split=auto: these names are the dev set (newstest2013)

@@ -1,40 +1,37 @@
-"""What train.py's procedure works with: where a run starts (`resume_or_initialise`), the objects of a
-run (`Run`) and its checkpoints, stop signals, dropout seeds, the throughput window and its log line, the
-provenance record and the closing summary."""
+"""What train.py's procedure works with: where a run starts (`resume_or_initialise`), the update plan, the
+objects of a run (`Run`) and its checkpoints, stop signals, dropout seeds, precision, the throughput window.
+The ranks' agreement is transformer/agreement.py; the records a run leaves, transformer/run_record.py."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import hashlib
-import json
 import logging
 import math
 import os
 import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch.utils.tensorboard import SummaryWriter
 
 from data.batching import BatchStream, Prefetcher
+from data.files import crash_point, link_or_copy
 from data.pipeline import Prepared
 from data.vocab import MarianVocab, Vocab, load_vocab
 from transformer import checkpoint as ckpt
 from transformer import distributed
-from transformer.budget import Budget, Costs
+from transformer.budget import Budget
+from transformer.agreement import Clock
 from transformer.checkpoint import TrainState
 from transformer.config import ARCH_KEYS, DATA_KEYS, ConfigError, TrainJob, model_config_with_defaults
 from transformer.kernels import warn_if_emulated
 from transformer.model import Transformer
-from transformer.scoring import package_versions
+from transformer.run_record import EventWriter
 
 log = logging.getLogger("train")
 
@@ -223,47 +220,12 @@ def plan_update(*, tokens_per_update: int, world_size: int, max_tokens: int, upd
 # ------------------------------------------------------------------------- decisions every rank shares
 
 
-@dataclass(frozen=True)
-class Clock:
-    """Rank 0's clocks, as every rank received them at the start of the latest update. Time-based decisions
-    (train.max_time, train.save_every_minutes) read these, never a rank's own clock: the ranks' clocks drift
-    apart while rank 0 alone validates BLEU and writes checkpoints."""
+class StepOutcome(enum.Enum):
+    """What `train.train_step` did."""
 
-    train_seconds: float = 0.0  # updates only (throughput, training hours)
-    since_save: float = 0.0
-    wall_seconds: float = 0.0  # the run's wall clock, all its processes (train.max_time; transformer/budget.py)
-    costs: Costs = Costs()  # rank 0's measured costs of an update, a validation, a save and the end of the run
-
-
-AGREED = ("tokens", "stops", "train_seconds", "since_save", "wall_seconds", *(f.name for f in fields(Costs)))
-
-
-def agree(run: Run, tokens: int, stop_requested: bool) -> torch.Tensor:
-    """The one collective of an update, before its backward passes: the target tokens of all ranks (the loss
-    divisor), the stop signals received, and rank 0's clocks and costs (`Clock`), summed over ranks in the
-    order of AGREED, a float64 tensor left on the device. The host reads it once, at the end of the update
-    (`settle`), so that the device never waits for the host in between."""
-    values = dict.fromkeys(AGREED, 0.0)
-    values.update(tokens=tokens, stops=float(stop_requested))
-    if run.dist.is_main:
-        t = run.job.train
-        costs = run.budget.costs(average_last=t.average_last,
-                                 test_lines=len(run.data.test.dataset) if t.test_at_end else 0)
-        values.update(train_seconds=run.state.train_seconds, since_save=time.monotonic() - run.last_save,
-                      wall_seconds=run.budget.spent(), **dataclasses.asdict(costs))
-    tensor = torch.tensor([values[key] for key in AGREED], dtype=torch.float64, device=run.device)
-    distributed.all_reduce_sum(tensor)
-    return tensor
-
-
-def settle(run: Run, agreed: torch.Tensor, finite: torch.Tensor) -> tuple[float, bool, bool]:
-    """The update's one host sync: what `agree` summed and whether its gradient norm was finite; brings
-    every rank rank 0's `Clock`. Returns (global tokens, stop, finite)."""
-    *summed, is_finite = torch.cat([agreed, finite.double()[None]]).tolist()
-    values = dict(zip(AGREED, summed))
-    run.clock = Clock(train_seconds=values["train_seconds"], since_save=values["since_save"],
-                      wall_seconds=values["wall_seconds"], costs=Costs(**{f.name: values[f.name] for f in fields(Costs)}))
-    return values["tokens"], values["stops"] > 0, is_finite > 0
+    UPDATE = "update"  # one more update made
+    OVERFLOW = "overflow"  # fp16: the loss scale was lowered and the update is to be made again
+    STOP = "stop"  # a stop signal: the run saves and ends after this update
 
 
 def step_if_finite(optimizer: torch.optim.Optimizer, finite: torch.Tensor) -> None:
@@ -295,30 +257,6 @@ def keep_best(run: Run, metrics: dict[str, float]) -> None:
     best, stale = distributed.broadcast_from_main(
         [math.nan if state.best is None else state.best, float(state.stale)], device=run.device)
     state.best, state.stale = (None if math.isnan(best) else best), int(stale)
-
-
-def start_fingerprint(job: TrainJob, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                      scaler: torch.amp.GradScaler, state: TrainState, stream: BatchStream,
-                      vocab: Vocab) -> dict[str, int]:
-    """What every rank must agree on before the first update: the update, the data (its batches and the
-    position in them), the update plan, the vocabulary, the seed, and exact checksums of the weights, the
-    optimizer state and the loss scale."""
-    def checksum(tensors) -> int:
-        """The tensors' bits as integers, summed per tensor (exact, so the same on any device) and weighted by
-        the tensor's position, so that two swapped tensors differ."""
-        total = 0
-        for i, tensor in enumerate(tensors):
-            bits = tensor.detach().contiguous().view(-1)
-            bits = bits.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[bits.element_size()])
-            total += (i + 1) * int(bits.sum(dtype=torch.int64))
-        return total % (1 << 61)
-
-    moments = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    return {"update": state.step, "epoch": stream.epoch, "batch": stream.offset, "batches per epoch":
-            len(stream.batches), "update plan": state.world_size * state.update_freq * state.max_tokens,
-            "vocabulary": int(vocab.sha256[:15], 16), "seed": job.seed,
-            "weights": checksum(model.state_dict().values()), "optimizer state": checksum(moments),
-            "loss scale": int(scaler.get_scale() * 1024) if scaler.is_enabled() else 0}
 
 
 # --------------------------------------------------------------------------------------------- the run
@@ -374,8 +312,8 @@ class Run:
             if self.dist.is_main:
                 path = ckpt.numbered_path(self.run_dir, self.state.step)
                 self.save(path)
-                ckpt.crash_point("before-last")  # test-only (see transformer/checkpoint.py)
-                ckpt.link_or_copy(path, ckpt.last_path(self.run_dir))
+                crash_point("before-last")  # test-only (see data/files.py)
+                link_or_copy(path, ckpt.last_path(self.run_dir))
                 ckpt.prune(self.run_dir, self.job.train.keep_last)
         self.last_save = time.monotonic()
 
@@ -447,130 +385,6 @@ def mixed_precision(precision: str, device: torch.device):
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
                 if precision != "fp32" else contextlib.nullcontext())
     return autocast, torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-
-
-def write_run_record(run: Run, argv: list[str]) -> None:
-    """run_dir/config.yaml (the resolved job) and provenance.json (where and how it was started), each
-    atomically: a full disk stops the run in one line (CheckpointError) with the old records and every
-    checkpoint intact."""
-    ckpt.atomic_write(run.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(dataclasses.asdict(run.job))),
-                      what="run record")
-    record = provenance(world_size=run.dist.world_size, update_freq=run.state.update_freq,
-                        max_tokens=run.state.max_tokens, argv=argv, data=run.job.data)
-    ckpt.atomic_write(run.run_dir / "provenance.json", json.dumps(record, indent=2) + "\n", what="run record")
-
-
-class EventWriter:
-    """TensorBoard's SummaryWriter, whose failures cost the events and never the run: the first OSError of a
-    write, a flush or close (a full disk, a removed directory; TensorBoard writes from a thread of its own
-    and raises its error at the next call) is reported in one warning line, and the run goes on without
-    TensorBoard events. Checkpoints are written apart (a full disk stops the run at the next one)."""
-
-    def __init__(self, log_dir: Path):
-        self._writer: SummaryWriter | None = SummaryWriter(str(log_dir))
-        self._log_dir = log_dir
-        if threading.excepthook is not _quiet_event_thread:  # its thread's traceback: said in one line here
-            _quiet_event_thread.previous = threading.excepthook
-            threading.excepthook = _quiet_event_thread
-
-    def __getattr__(self, name: str):
-        method = getattr(SummaryWriter, name)
-
-        def guarded(*args, **kwargs):
-            if self._writer is None:
-                return None
-            try:
-                return method(self._writer, *args, **kwargs)
-            except OSError as error:
-                self._writer = None
-                log.warning("TensorBoard events stopped: could not write to %s (%s); training goes on without "
-                            "them (free some space: checkpoints stop the run when they cannot be written)",
-                            self._log_dir, error.strerror or error)
-                return None
-        return guarded
-
-
-def _quiet_event_thread(args) -> None:
-    """threading.excepthook: the OSError that ends TensorBoard's writer thread is EventWriter's one line."""
-    if isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_AsyncWriterThread":
-        return
-    _quiet_event_thread.previous(args)
-
-
-def format_seconds(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-def provenance(*, world_size: int, update_freq: int, max_tokens: int, argv: list[str], data=None) -> dict:
-    """Where and how a run was started: command, host, commit, library versions, world size, batch, and the
-    corpus (`data`, a DataConfig: the dataset with its pinned revision, or the text prefixes)."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    versions = {**package_versions(), "torch": torch.__version__}
-    return {
-        "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "command": [sys.executable, sys.argv[0], *argv],
-        "host": socket.gethostname(),
-        "git_commit": commit,
-        "versions": versions,
-        "world_size": world_size,
-        "update_freq": update_freq,
-        "max_tokens_per_update": max_tokens * world_size * update_freq,
-        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "data": None if data is None else {
-            "dataset": data.dataset, "subset": data.subset,
-            "revision": data.revision if data.dataset else None,  # null for a hub dataset: its newest revision
-            "train_prefix": data.train_prefix, "valid_prefix": data.valid_prefix, "test_prefix": data.test_prefix},
-    }
-
-
-def log_window(run: Run, window: Window) -> None:
-    stats = window.report(lr=window.lr, gnorm=float(window.gnorm))
-    t, step = run.job.train, run.state.step
-    seconds_per_update = stats.pop("seconds_per_update")
-    eta = (t.max_steps - step) * seconds_per_update if t.max_steps else float("nan")
-    log.info("update %d | lr %.3g | loss %.3f | nll %.3f | ppl %.2f | gnorm %.3f | %.0f tgt tok/s | "
-             "%.0f tgt tok/update | eta %s", step, stats["lr"], stats["loss"], stats["nll"], stats["ppl"],
-             stats["gnorm"], stats["tokens_per_s"], stats["tokens_per_update"], format_seconds(eta))
-    for key, value in stats.items() if run.writer else ():
-        run.writer.add_scalar(f"train/{key}", value, step)
-
-
-def print_summary(job, argv: list[str]) -> None:
-    """Where everything of a finished run is, and what to try next (stderr)."""
-    run_dir = Path(job.run_dir)
-    test_prefix, d = job.data.test_prefix, job.data
-    test_src, test_ref = ((f"{test_prefix}.{d.src_lang}", f"{test_prefix}.{d.tgt_lang}") if test_prefix
-                          else ("src.txt", "ref.txt"))
-    t = job.train
-    if job.init_from or t.patience:  # a small corpus overfits; an early stop leaves the last checkpoints past the best
-        model = run_dir / "checkpoints" / "best.pt"
-        which = (f"best.pt (the best validation {t.best_metric}: fine-tuning overfits a small corpus and an early "
-                 f"stop leaves the last checkpoints past the best) or averaged.pt (the last {t.average_last} "
-                 "averaged, the paper's choice when the curve is still flat at the end)")
-    else:
-        model = run_dir
-        which = (f"averaged.pt (the last {t.average_last} averaged, as the paper; checkpoint=<run_dir> picks it) "
-                 f"or best.pt (the best validation {t.best_metric})")
-    print("\n".join([
-        f"run directory:  {run_dir}",
-        f"  checkpoints:  {run_dir / 'checkpoints'} (averaged.pt = the average of the last {t.average_last}; "
-        f"best.pt = the best validation {t.best_metric}; last.pt = the newest)",
-        f"  translate with {which}",
-        f"  tensorboard:  tensorboard --logdir {run_dir / 'tensorboard'}",
-        f"  config:       {run_dir / 'config.yaml'}; provenance: {run_dir / 'provenance.json'}",
-        "next:",
-        f"  python translate.py checkpoint={model} < {test_src}",
-        f"  python evaluate.py checkpoint={model} src={test_src} ref={test_ref}",
-        f"  python train.py {' '.join(argv)} train.max_steps=<more>    # resumes where this run stopped",
-    ]), file=sys.stderr, flush=True)
 
 
 def compile_for_batches(module: torch.nn.Module, *, backend: str = "inductor") -> torch.nn.Module:

@@ -1,4 +1,4 @@
-"""The decoding and evaluation library: load a model, translate text, score a corpus.
+"""The decoding library: load a model, translate text (scoring a corpus: transformer/validation.py).
 
 - `Translator.load(checkpoint, device=, beam=, ...)`: a model or an ensemble with its vocabulary and search
   settings, from run directories or .pt files, keeping only the weights (not the Adam moments of last.pt).
@@ -6,31 +6,20 @@
   (`from transformer import Translator`) and what translate.py and evaluate.py decode with.
 - `translate_ids`: token batching around `beam_search`, in input order, with the search settings of one
   `DecodeConfig`.
-- `split_lines` / `arriving_lines`: raw input as lines, all at once or as they arrive (interactive mode).
-- `split_bleu`: sacreBLEU (and tokBLEU) of a decoded split; validation BLEU and the end-of-training test
-  translation are both this function.
-- `corpus_nll`: label-smoothed loss, NLL and perplexity of a corpus, its batches split over the ranks;
-  train.py's validation and evaluate.py's perplexity are both this function.
 
-translate.py and evaluate.py are thin command lines over this module.
+translate.py and evaluate.py are thin command lines over this module and transformer/validation.py.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import copy
 import dataclasses
-import json
 import logging
-import math
-import os
-import select
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import torch
 from tqdm import tqdm
@@ -39,11 +28,7 @@ from data.errors import DataError
 from data.vocab import MarianVocab, Vocab, load_vocab
 from transformer import checkpoint as ckpt
 from transformer import distributed, kernels
-from transformer.cli import pick_device
 from transformer.config import ConfigError, DecodeConfig
-from transformer.loss import label_smoothed_nll
-from transformer.model import Transformer, TransformerConfig
-from transformer.scoring import Score, package_versions, sacrebleu_scores
 from transformer.noise import noisy
 from transformer.search import Ensemble, Hypothesis, SearchWork, Seq2Seq, beam_search, greedy_search, sample_search
 
@@ -165,7 +150,7 @@ def bfloat16_copy(model: Seq2Seq) -> Seq2Seq:
 @dataclass(frozen=True)
 class Translation:
     """One hypothesis of `Translator.translate_nbest`: the detokenised text and its search score (the sum of
-    the log-probabilities of its tokens, EOS included, divided by the length penalty: SPEC "Python API")."""
+    the log-probabilities of its tokens, EOS included, divided by the length penalty: docs/CONTRACT.md "Python API")."""
 
     text: str
     score: float
@@ -202,7 +187,7 @@ class Translator:
         `settings` (its fields: beam=, lenpen=, nbest=, ...) replacing some of them.
         """
         asked = _with_settings(DecodeConfig() if decode is None else decode, settings)  # fails before any read
-        device = pick_device(str(device))
+        device = distributed.pick_device(str(device))
         int8_linear_maps(asked, device)  # int8 where it cannot run: refused before any read too
         names = list(checkpoint) if isinstance(checkpoint, (list, tuple)) else [checkpoint]
         if not names:
@@ -225,7 +210,7 @@ class Translator:
                                        "checkpoint") from None
         models, records = [], []
         for path, state in zip(paths, states):
-            models.append(_model_of(state, path, vocab.size).to(device).eval())
+            models.append(ckpt.model_of(state, path, vocab_size=vocab.size).to(device).eval())
             records.append({k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler",
                                                                          "scaler", "data_state", "spm_model")})
             records[-1]["params"] = sum(t.numel() for t in state["model"].values())
@@ -250,7 +235,7 @@ class Translator:
                                                               "data_state", "spm_model")}
         record["params"] = sum(t.numel() for t in state["model"].values())
         data_cfg = (record.get("config") or {}).get("data", {})
-        return cls(model=_model_of(state, name, vocab.size).to(device).eval(), vocab=vocab,
+        return cls(model=ckpt.model_of(state, name, vocab_size=vocab.size).to(device).eval(), vocab=vocab,
                    decode=run_decode(record) if decode is None else decode, src_lang=data_cfg.get("src_lang"),
                    tgt_lang=data_cfg.get("tgt_lang"), device=torch.device(device), checkpoints=[record])
 
@@ -325,139 +310,3 @@ def _with_settings(decode: DecodeConfig, settings: dict) -> DecodeConfig:
         raise TypeError(f"unknown search setting(s) {', '.join(unknown)}: the settings are DecodeConfig's fields "
                         f"({', '.join(sorted(fields))})")
     return dataclasses.replace(decode, **settings)
-
-
-def _model_of(state: dict, path, vocab_size: int) -> Transformer:
-    """The model of a loaded checkpoint, its config and weights checked against each other and the vocabulary."""
-    config = state.get("model_config")
-    if not isinstance(config, dict):
-        raise ckpt.CheckpointError(f"{path} has no model_config: it was not written by this framework's "
-                                   "train.py; use another checkpoint")
-    try:
-        model = Transformer(TransformerConfig(**config))
-    except (TypeError, ValueError) as error:
-        raise ckpt.CheckpointError(f"{path} has an invalid model_config ({error}); use another checkpoint") from None
-    if model.config.vocab_size != vocab_size:
-        raise ckpt.CheckpointError(f"{path}: its model has {model.config.vocab_size} token embeddings but its "
-                                   f"vocabulary {vocab_size} pieces; the file is inconsistent: use another")
-    ckpt.load_model_state(model, state["model"], path, fix="the file is damaged or foreign: use another checkpoint")
-    return model
-
-
-def split_lines(raw: bytes, source: str) -> list[str]:
-    """Split raw bytes into lines; invalid UTF-8 is replaced, with a warning naming the line."""
-    lines = raw.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    return [decode_line(line, source, number) for number, line in enumerate(lines, start=1)]
-
-
-def decode_line(line: bytes, source: str, number: int) -> str:
-    """One input line (without its "\n") as text: a trailing "\r" is dropped, invalid UTF-8 is replaced with a
-    warning naming the line (`source` line `number`)."""
-    line = line.removesuffix(b"\r")
-    try:
-        return line.decode("utf-8")
-    except UnicodeDecodeError:
-        log.warning("%s line %d is not valid UTF-8: the bad bytes were replaced by U+FFFD", source, number)
-        return line.decode("utf-8", errors="replace")
-
-
-def arriving_lines(stream: BinaryIO, max_lines: int) -> Iterator[list[bytes]]:
-    """The lines of `stream` (without "\n") as they arrive, in groups for translate.py's interactive mode:
-    a group is every line already waiting, at most `max_lines` of them. It waits only when no line is
-    waiting, so a lone line is never held back for others to fill a batch, and a burst is translated in
-    batches of `max_lines` (bounded latency). A last line without "\n" ends the stream.
-
-    The file descriptor is read directly (`os.read`, `select`: POSIX pipes, terminals, sockets, files), not
-    through the stream's buffer, whose read-ahead would hide waiting lines from `select`. A stream without
-    one (an in-memory buffer) holds every line already: it is grouped by `max_lines`.
-    """
-    try:
-        fd = stream.fileno()
-    except (OSError, ValueError):  # io.UnsupportedOperation is both
-        fd = None
-    if fd is None:
-        lines = stream.read().split(b"\n")
-        if lines[-1] == b"":
-            lines.pop()
-        for start in range(0, len(lines), max_lines):
-            yield lines[start:start + max_lines]
-        return
-    waiting: collections.deque[bytes] = collections.deque()
-    partial, ended = b"", False
-    while waiting or not ended:
-        if not ended and (not waiting or (len(waiting) < max_lines and _readable(fd))):
-            chunk = os.read(fd, 1 << 16)  # blocks only when nothing is waiting
-            if chunk:
-                *complete, partial = (partial + chunk).split(b"\n")
-                waiting.extend(complete)
-            else:
-                ended = True
-                if partial:
-                    waiting.append(partial)
-            continue
-        yield [waiting.popleft() for _ in range(min(max_lines, len(waiting)))]
-
-
-def _readable(fd: int) -> bool:
-    """Whether reading `fd` would return at once (data or end of file)."""
-    try:
-        return bool(select.select([fd], [], [], 0)[0])
-    except (OSError, ValueError):  # not selectable (e.g. a console on Windows): take what is waiting one by one
-        return False
-
-
-# ------------------------------------------------------------------------------------------------ scoring
-
-
-def split_bleu(model: Seq2Seq, vocab, src_ids: Sequence[Sequence[int]], references: list[str], decode: DecodeConfig,
-               *, lang: str, device: torch.device | str) -> tuple[list[Score], list[str]]:
-    """sacreBLEU's BLEU and chrF and the paper's tokBLEU of the decoded `src_ids` against `references`;
-    returns (scores, the detokenised best hypotheses). The model is put back in its training mode."""
-    training = getattr(model, "training", False)
-    model.eval()
-    try:
-        hyps = translate_ids(model, src_ids, decode, device=device)
-    finally:
-        model.train(training)
-    texts = vocab.decode([h[0].tokens for h in hyps])
-    return sacrebleu_scores(texts, references, lang=lang), texts
-
-
-def write_results(out: Path, hypotheses: Sequence[str], results: dict) -> None:
-    """`out`/hyp.txt (one translation per line) and `out`/scores.json (`results` and the package versions that
-    produced them), each written atomically."""
-    ckpt.atomic_write(out / "hyp.txt", "".join(line + "\n" for line in hypotheses))
-    record = {**results, "versions": results.get("versions") or package_versions()}
-    ckpt.atomic_write(out / "scores.json", json.dumps(record, indent=2) + "\n")
-
-
-@torch.no_grad()
-def corpus_nll(model, src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]], *, max_tokens: int,
-               device: torch.device | str, label_smoothing: float = 0.0, autocast=None,
-               rank: int = 0, world_size: int = 1) -> dict[str, float]:
-    """Per-token label-smoothed loss, NLL and perplexity of the targets given the sources (the paper's
-    Table 3 "PPL (dev)" is `ppl` with per-piece tokens). Rows with an empty side are skipped. Under DDP
-    each rank scores every `world_size`-th batch and the sums are all-reduced (every rank must call it).
-    For an ensemble, the scores are its averaged log-probabilities' (`Ensemble.forward`)."""
-    config = model.config
-    keep = [i for i in range(len(src_ids)) if len(src_ids[i]) and len(tgt_ids[i])]
-    lengths = [max(len(src_ids[i]), len(tgt_ids[i])) + 1 for i in keep]
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, nll, tokens
-    training = model.training
-    model.eval()
-    for batch in list(length_sorted_batches(lengths, max_tokens))[rank::world_size]:
-        rows = [keep[j] for j in batch]
-        src = pad_rows(([*src_ids[i], config.eos_id] for i in rows), config.pad_id, device)
-        tgt_in = pad_rows(([config.bos_id, *tgt_ids[i]] for i in rows), config.pad_id, device)
-        tgt_out = pad_rows(([*tgt_ids[i], config.eos_id] for i in rows), config.pad_id, device)
-        with autocast or contextlib.nullcontext():
-            logits = model(src, tgt_in)
-        loss, nll = label_smoothed_nll(logits, tgt_out, epsilon=label_smoothing, ignore_index=config.pad_id)
-        sums += torch.stack([loss.double(), nll.double(), (tgt_out != config.pad_id).sum().double()])
-    model.train(training)
-    distributed.all_reduce_sum(sums)
-    loss, nll, tokens = sums.tolist()
-    tokens = max(tokens, 1.0)
-    return {"loss": loss / tokens, "nll": nll / tokens, "ppl": math.exp(min(nll / tokens, 100.0))}

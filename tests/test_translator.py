@@ -1,9 +1,6 @@
-"""Using a trained model outside the command line (SPEC "Added in the second round"): the Python API
-`from transformer import Translator`, interactive translation (`translate.py interactive=true`) and the
-console scripts `transformer-train`, `transformer-translate`, `transformer-evaluate` of an installed copy.
-
-The model is `tiny_run` (tests/conftest.py); every property is checked against translate.py's own batch
-output, so the API and the interactive mode are shown to decode exactly as the command line does.
+"""The Python API (`from transformer import Translator`, docs/CONTRACT.md "Python API") and interactive
+translation (`translate.py interactive=true`), each checked against translate.py's own batch output, so both
+are shown to decode exactly as the command line does. The model is `tiny_run` (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -12,7 +9,6 @@ import io
 import os
 import re
 import select
-import shutil
 import subprocess
 import sys
 import threading
@@ -28,32 +24,11 @@ import translate  # noqa: E402
 from transformer import Translation, Translator  # noqa: E402
 from transformer.config import DecodeConfig  # noqa: E402
 from transformer import translation  # noqa: E402
-from transformer.translation import arriving_lines  # noqa: E402
+from data.lines import arriving_lines  # noqa: E402
+from helpers import subprocess_env, tiny_run_sources, translate_py  # noqa: E402
 
 NBEST = re.compile(r"(\d+) \|\|\| (.*) \|\|\| (-?\d+\.\d+)")
 ANSWER_TIMEOUT = 120  # seconds to wait for one interactive answer on a loaded 2-core machine: a hang fails
-
-
-def sources(tiny_run, count: int) -> list[str]:
-    source, _ = tiny_run.files("test")
-    return source.read_text(encoding="utf-8").splitlines()[:count]
-
-
-def translate_py(args: list[str], lines: list[str], capsys, monkeypatch) -> list[str]:
-    """translate.py in this process, the lines on stdin: its stdout lines."""
-    stdin = "".join(line + "\n" for line in lines).encode("utf-8")
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
-    capsys.readouterr()
-    assert translate.main(["device=cpu", "quiet=true", *args]) == 0
-    return capsys.readouterr().out.splitlines()
-
-
-def subprocess_env(**extra: str) -> dict[str, str]:
-    """This environment, offline, one thread, and with stdout buffered as a user's is (CI sets
-    PYTHONUNBUFFERED, which would hide a missing flush)."""
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **extra}
-    env.pop("PYTHONUNBUFFERED", None)
-    return env
 
 
 # --------------------------------------------------------------------------------------- the Python API
@@ -61,7 +36,7 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_translator_translates_as_translate_py_does(tiny_run, capsys, monkeypatch, one_torch_thread):
-    lines = sources(tiny_run, 12)
+    lines = tiny_run_sources(tiny_run, 12)
     translator = Translator.load(tiny_run.run_dir, device="cpu", beam=4)
     assert translator.translate(lines) == translate_py([f"checkpoint={tiny_run.run_dir}"], lines, capsys,
                                                        monkeypatch)
@@ -83,7 +58,7 @@ def test_translator_translates_as_translate_py_does(tiny_run, capsys, monkeypatc
 @pytest.mark.slow
 def test_a_bf16_translator_copies_its_weights_once_not_per_call(tiny_run, capsys, monkeypatch, one_torch_thread):
     """Interactive mode translates line by line: a bfloat16 copy per call would cost a model copy per line."""
-    lines = sources(tiny_run, 6)
+    lines = tiny_run_sources(tiny_run, 6)
     translator = Translator.load(tiny_run.run_dir, device="cpu", precision="bf16")
     copies, bfloat16_copy = [], translation.bfloat16_copy
 
@@ -119,7 +94,7 @@ def test_importing_the_model_does_not_import_the_translator():
             "import transformer\n"
             "try:\n    transformer.Nothing\nexcept AttributeError as e:\n    print(e)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            env=subprocess_env(PYTHONPATH=str(ROOT)), cwd=ROOT)
+                            env=subprocess_env(buffered=True, PYTHONPATH=str(ROOT)), cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert "has no attribute 'Nothing'" in result.stdout
 
@@ -157,11 +132,11 @@ def test_arriving_lines_groups_what_is_waiting_and_never_waits_for_more():
 @pytest.mark.slow
 def test_interactive_answers_each_line_before_the_next_is_written(tiny_run, capsys, monkeypatch):
     """A process behind a pipe: each line is answered (and flushed) while stdin stays open."""
-    lines = sources(tiny_run, 4)
+    lines = tiny_run_sources(tiny_run, 4)
     expected = translate_py([f"checkpoint={tiny_run.run_dir}"], lines, capsys, monkeypatch)
     process = subprocess.Popen([sys.executable, str(ROOT / "translate.py"), f"checkpoint={tiny_run.run_dir}",
                                 "device=cpu", "interactive=true"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, cwd=tiny_run.run_dir.parent, env=subprocess_env())
+                               stderr=subprocess.PIPE, cwd=tiny_run.run_dir.parent, env=subprocess_env(buffered=True))
     try:
         answers = []
         for line in lines:
@@ -180,7 +155,7 @@ def test_interactive_answers_each_line_before_the_next_is_written(tiny_run, caps
 
 @pytest.mark.slow
 def test_interactive_batches_number_nbest_lines_as_batch_mode_does(tiny_run, capsys, monkeypatch):
-    lines = sources(tiny_run, 4)
+    lines = tiny_run_sources(tiny_run, 4)
     lines[2:2] = ["", "bad \udcff utf-8"]  # an empty line gives an empty translation; bad bytes are replaced
     args = [f"checkpoint={tiny_run.run_dir}", "decode.nbest=2"]
     raw = [line.encode("utf-8", errors="surrogateescape") for line in lines]
@@ -199,43 +174,3 @@ def test_interactive_batches_number_nbest_lines_as_batch_mode_does(tiny_run, cap
     assert [float(m.group(3)) for m in interactive] == pytest.approx([float(m.group(3)) for m in expected], abs=1e-5)
     assert [int(m.group(1)) for m in expected] == [i for i in range(6) for _ in range(2)]
     assert "stdin line 4 is not valid UTF-8" in captured.err
-
-
-# ------------------------------------------------------------------------------- installed console scripts
-
-
-@pytest.mark.slow
-@pytest.mark.extras("setuptools>=70.1")  # the wheel is built offline, with the environment's setuptools
-def test_console_scripts_of_an_installed_copy_work_from_any_directory(tiny_run, tmp_path, capsys, monkeypatch):
-    """`pip install` (not editable) into a folder, then each console script run from an empty directory
-    elsewhere: the configs and entry scripts come from the installed copy, not from this checkout."""
-    source = tmp_path / "source"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md", "train.py", "translate.py", "evaluate.py"):
-        shutil.copy(ROOT / name, source / name)
-    for name in ("transformer", "data", "configs"):
-        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
-    site = tmp_path / "site"
-    install = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-                              "--no-build-isolation", "--target", str(site), str(source)],
-                             capture_output=True, text=True, timeout=600)
-    assert install.returncode == 0, install.stderr
-    shutil.rmtree(source)  # nothing may come from the copy that was installed
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    env = subprocess_env(PYTHONPATH=str(site))
-
-    def script(name: str, *args: str, stdin: str = "") -> str:
-        result = subprocess.run([str(site / "bin" / name), *args], input=stdin, capture_output=True, text=True,
-                                cwd=elsewhere, env=env, timeout=600)
-        assert result.returncode == 0, result.stderr
-        return result.stdout
-
-    assert "interactive" in script("transformer-translate", "--help")
-    assert "hyp: null" in script("transformer-evaluate", "--help")
-    assert "run_dir: runs/quickstart" in script("transformer-train", "experiment=quickstart", "--cfg", "job")
-    lines = sources(tiny_run, 5)
-    out = script("transformer-translate", f"checkpoint={tiny_run.run_dir}", "device=cpu", "quiet=true",
-                 stdin="".join(line + "\n" for line in lines))
-    assert out.splitlines() == translate_py([f"checkpoint={tiny_run.run_dir}"], lines, capsys, monkeypatch)
-    assert list(elsewhere.iterdir()) == []

@@ -1,0 +1,114 @@
+"""`data.*`: the corpus, its cleaning and the vocabulary, as one checked dataclass (docs/DATA.md).
+
+`DataConfig` is the schema of the `data` config group (transformer/config.py composes it into the jobs) and
+what `data.pipeline.prepare` reads. `require`, `one_of` and `at_least` are the range checks every config
+dataclass of the project uses: each raises a one-line ConfigError that names the key and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from data.errors import ConfigError
+
+
+def require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def one_of(key: str, value: str, options: tuple[str, ...], note: str = "") -> None:
+    require(value in options, f"{key}={value} is not one of {', '.join(options)}{note}")
+
+
+def at_least(key: str, value: float | None, lowest: float, *, nullable: bool = False) -> None:
+    if value is None and nullable:
+        return
+    require(value is not None and value >= lowest,
+            f"{key}={value!r} is invalid: set it to a number >= {lowest}{' or null' if nullable else ''}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExtraCorpus:
+    """One more training corpus beside the main one (`data.extra_train`): `<prefix>.<src_lang>` and
+    `<prefix>.<tgt_lang>`, e.g. back-translations. `weight`: its pairs count this many times an epoch (2.5: each
+    twice, and half of them, drawn once from the seed, a third time); `tag`: a piece put before every source
+    sentence of this corpus (tagged back-translation: a reserved piece such as <BT>, docs/BACKTRANSLATION.md)."""
+
+    prefix: str = ""
+    weight: float = 1.0
+    tag: Optional[str] = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """`data.*`: the corpus, its cleaning and the vocabulary (docs/DATA.md). Defaults: WMT14 EN-DE."""
+
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    vocab_size: Optional[int] = 37000
+    spm_model: Optional[str] = None  # null: train a shared SentencePiece BPE model (stored in run_dir)
+    vocab: str = "keep"  # with init_from: keep (the checkpoint's) | transfer (a new one; docs/FINETUNING.md)
+    dataset: Optional[str] = None  # HF hub name or a local directory in its layout; or train_prefix
+    subset: Optional[str] = None
+    revision: Optional[str] = None  # a hub dataset's git revision (a commit hash pins its content); null: the newest
+    train_split: str = "train"
+    valid_split: str = "validation"
+    test_split: str = "test"
+    train_prefix: Optional[str] = None  # <prefix>.<lang>: one sentence a line
+    train_weight: float = 1.0  # with data.extra_train: how many times the main corpus counts an epoch
+    extra_train: List[ExtraCorpus] = field(default_factory=list)  # more training corpora (back-translations)
+    valid_prefix: Optional[str] = None
+    test_prefix: Optional[str] = None
+    generate: Optional[str] = None  # `synthetic`: write the quickstart's generated corpus to the prefixes
+    vocab_sample: int = 2_000_000  # sentences sampled (both sides) to train the vocabulary
+    max_len: Optional[int] = 250  # training pairs with more whitespace words on a side are dropped
+    max_len_ratio: Optional[float] = 1.5  # ... or whose word-length ratio exceeds this
+    dedup: bool = False
+    num_workers: int = 4
+    cache_dir: Optional[str] = None  # null: run_dir/data
+
+    def __post_init__(self) -> None:
+        extra = [ExtraCorpus(**c) if isinstance(c, Mapping) else c for c in self.extra_train]
+        object.__setattr__(self, "extra_train", extra)  # a mapping of the keys (data_config) reads as one too
+        require(self.train_weight > 0, f"data.train_weight={self.train_weight} must be a positive number")
+        for i, corpus in enumerate(extra):
+            require(bool(corpus.prefix), f"data.extra_train[{i}] has no prefix: give prefix=<path without .<lang>>")
+            require(corpus.weight > 0, f"data.extra_train[{i}].weight={corpus.weight} must be a positive number")
+            require(corpus.tag is None or (bool(corpus.tag) and len(corpus.tag.split()) == 1
+                                           and corpus.tag == corpus.tag.strip()),
+                    f"data.extra_train[{i}].tag={corpus.tag!r} must be one word without spaces, e.g. <BT>, or null")
+        require(not (self.dataset and self.train_prefix),
+                "both data.dataset and data.train_prefix are set: set one of them to null")
+        require(bool(self.dataset or self.train_prefix),
+                "neither data.dataset nor data.train_prefix is set: set one (the other stays null)")
+        require(not self.revision or bool(self.dataset),
+                f"data.revision={self.revision} pins a hub dataset, but data.dataset is null: set data.dataset or "
+                "data.revision=null")
+        require(bool(self.src_lang and self.tgt_lang) and self.src_lang != self.tgt_lang,
+                f"data.src_lang and data.tgt_lang must be two different languages (got {self.src_lang!r}, "
+                f"{self.tgt_lang!r})")
+        require(self.vocab_size is None or self.vocab_size >= 300,
+                f"data.vocab_size must be an integer >= 300 (256 byte pieces + specials + characters) or null, "
+                f"got {self.vocab_size!r}")
+        one_of("data.vocab", self.vocab, ("keep", "transfer"),
+               " (keep: the init_from checkpoint's vocabulary; transfer: a new one, see docs/FINETUNING.md)")
+        require(self.generate in (None, "synthetic"), f"data.generate={self.generate} is not one of null, synthetic")
+        require(self.max_len is None or self.max_len >= 1, f"data.max_len must be an integer >= 1 or null, "
+                                                            f"got {self.max_len!r}")
+        require(self.max_len_ratio is None or self.max_len_ratio >= 1,
+                f"data.max_len_ratio must be a number >= 1 or null, got {self.max_len_ratio!r}")
+        require(self.num_workers >= 1, f"data.num_workers must be an integer >= 1, got {self.num_workers!r}")
+        require(self.vocab_sample >= 2, f"data.vocab_sample must be an integer >= 2, got {self.vocab_sample!r}")
+
+    @property
+    def mixes_corpora(self) -> bool:
+        """Whether the training set is more than the main corpus taken once."""
+        return bool(self.extra_train) or self.train_weight != 1
+
+    @property
+    def tags(self) -> list[str]:
+        """The reserved pieces the corpora put before their sources, each once, in order."""
+        return list(dict.fromkeys(c.tag for c in self.extra_train if c.tag))

@@ -1,0 +1,113 @@
+"""Training on several corpora (data.extra_train, data.train_weight): each corpus's pairs weight times an
+epoch, tagged sources led by one reserved piece, the vocabulary trained on every corpus with the tags
+reserved, and a resume that continues exactly, and only on the same mix.
+"""
+
+import numpy as np
+import pytest
+
+from data.errors import DataError
+from data.pipeline import prepare
+from data.vocab import load_vocab
+from helpers import PIECES, assert_training_states_equal, run, train_main
+from transformer import checkpoint as ckpt
+
+
+@pytest.fixture()
+def extra_corpus(corpus, tmp_path):
+    """A second corpus: 40 pairs of the training corpus, each side reversed word by word (stands for
+    back-translations)."""
+    prefix = tmp_path / "bt" / "synthetic"
+    prefix.parent.mkdir()
+    for lang in ("en", "de"):
+        lines = corpus.prefixes["train"].with_suffix(f".{lang}").read_text(encoding="utf-8").splitlines()[:40]
+        prefix.with_suffix(f".{lang}").write_text("".join(" ".join(line.split()[::-1]) + "\n" for line in lines),
+                                                 encoding="utf-8")
+    return prefix
+
+
+def data_cfg(corpus, cache_dir, **changes) -> dict:
+    return {"dataset": None, "train_prefix": str(corpus.prefixes["train"]), "valid_prefix": str(corpus.prefixes["valid"]),
+            "vocab_size": PIECES, "num_workers": 1, "cache_dir": str(cache_dir), **changes}
+
+
+def rows(split, side: str) -> list[list[int]]:
+    values, offsets = getattr(split.tokens, side), getattr(split.tokens, f"{side}_offsets")
+    return [values[offsets[i]:offsets[i + 1]].tolist() for i in range(len(offsets) - 1)]
+
+
+def test_weights_repeat_the_pairs_and_a_tag_leads_every_source_of_its_corpus(corpus, extra_corpus, tmp_path):
+    single = prepare(data_cfg(corpus, tmp_path / "cache"), tmp_path / "single", seed=1, splits=("train",))
+    mixed = prepare(data_cfg(corpus, tmp_path / "cache", train_weight=2,
+                             extra_train=[{"prefix": str(extra_corpus), "weight": 1.5, "tag": "<BT>"}]),
+                    tmp_path / "mixed", seed=1, splits=("train",))
+    vocab = mixed.vocab
+    tag = vocab.piece_id("<BT>")
+    assert tag is not None and single.vocab.piece_id("<BT>") is None  # reserved only where a corpus uses it
+    assert vocab.pieces(vocab.encode(["x <BT> y"])[0]).count("<BT>") == 1  # never split into pieces
+
+    main = list(zip(*(rows(prepare(data_cfg(corpus, tmp_path / "cache", spm_model=str(mixed.vocab_path)),
+                                   tmp_path / "main", seed=1, splits=("train",)).train, side) for side in ("src", "tgt"))))
+    n_main, n_extra = len(main), 40
+    src, tgt = rows(mixed.train, "src"), rows(mixed.train, "tgt")
+    assert len(src) == 2 * n_main + n_extra + n_extra // 2
+    assert list(zip(src, tgt))[:2 * n_main] == main + main  # the main corpus twice, untagged
+    extra = list(zip(src, tgt))[2 * n_main:]
+    assert all(s[0] == tag and tag not in s[1:] for s, _ in extra)
+    whole, half = extra[:n_extra], extra[n_extra:]
+    assert len(set(map(str, half))) == len(half) and all(pair in whole for pair in half)  # distinct rows, once more
+    assert mixed.train.src_lengths.tolist() == [len(s) for s in src]
+
+    again = prepare(data_cfg(corpus, tmp_path / "cache2", train_weight=2,
+                             extra_train=[{"prefix": str(extra_corpus), "weight": 1.5, "tag": "<BT>"}]),
+                    tmp_path / "mixed", seed=1, splits=("train",))
+    assert rows(again.train, "src") == src  # the drawn half is a function of the seed
+    other_seed = prepare(data_cfg(corpus, tmp_path / "cache", spm_model=str(mixed.vocab_path), train_weight=2,
+                                  extra_train=[{"prefix": str(extra_corpus), "weight": 1.5, "tag": "<BT>"}]),
+                         tmp_path / "other", seed=2, splits=("train",))
+    assert rows(other_seed.train, "src")[:-n_extra // 2] == src[:-n_extra // 2]
+    assert rows(other_seed.train, "src") != src
+
+
+def test_a_tag_missing_from_a_given_vocabulary_is_a_one_line_error(corpus, extra_corpus, tmp_path):
+    with pytest.raises(DataError) as error:
+        prepare(data_cfg(corpus, tmp_path / "cache", spm_model=str(corpus.spm_model),
+                         extra_train=[{"prefix": str(extra_corpus), "tag": "<BT>"}]),
+                tmp_path / "run", seed=1, splits=("train",))
+    message = str(error.value)
+    assert "\n" not in message and "data.extra_train[0].tag=<BT> is not a piece of the vocabulary" in message
+
+
+def mix(extra_corpus, weight=1) -> dict:
+    return {"data.spm_model": "null", "data.train_weight": weight,
+            "data.extra_train": f"[{{prefix: '{extra_corpus}', weight: 2, tag: '<BT>'}}]"}
+
+
+def test_a_run_on_several_corpora_resumes_bit_identically_and_records_them(corpus, extra_corpus, tmp_path):
+    changes = {**mix(extra_corpus), "train.save_every_steps": 2, "train.max_steps": 5}
+    whole = run(corpus, tmp_path / "whole", changes)
+    run(corpus, tmp_path / "resumed", {**changes, "train.max_steps": 2})
+    resumed = run(corpus, tmp_path / "resumed", changes)
+    assert_training_states_equal(resumed, whole)
+    assert whole["data_state"]["data"].startswith("train-mix-")
+    data = whole["config"]["data"]
+    assert data["extra_train"] == [{"prefix": str(extra_corpus), "weight": 2, "tag": "<BT>"}]
+    assert load_vocab(ckpt.spm_bytes(whole)).piece_id("<BT>") is not None  # the checkpoint carries the tag
+
+
+def test_resuming_on_another_mix_is_a_one_line_error(corpus, extra_corpus, tmp_path):
+    run(corpus, tmp_path, {**mix(extra_corpus), "train.max_steps": 1})
+    with pytest.raises(DataError) as error:
+        train_main(corpus.overrides(tmp_path, {**mix(extra_corpus, weight=1), "data.extra_train":
+                                               f"[{{prefix: '{extra_corpus}', weight: 3, tag: '<BT>'}}]"}))
+    message = str(error.value)
+    assert "\n" not in message and "the corpora, their weights or tags" in message
+
+
+def test_weighted_rows_are_whole_copies_then_a_seeded_draw():
+    from data.pipeline import _weighted_rows
+
+    rows = _weighted_rows(10, 2.3, seed=4, corpus=1)
+    assert rows[:20].tolist() == list(range(10)) * 2 and len(rows) == 23 and len(set(rows[20:].tolist())) == 3
+    assert np.array_equal(rows, _weighted_rows(10, 2.3, seed=4, corpus=1))
+    assert _weighted_rows(10, 0.5, seed=4, corpus=1).tolist() != _weighted_rows(10, 0.5, seed=4, corpus=2).tolist()
