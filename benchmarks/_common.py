@@ -48,7 +48,8 @@ def machine(device: torch.device) -> str:
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return (f"{os.cpu_count()}-core CPU ({cpu_name()}; {kernels.cpu_vendor() or 'vendor unknown'}, torch ISA "
             f"{torch.backends.cpu.get_cpu_capability()}, float32 linear maps on "
-            f"{'oneDNN' if kernels.onednn_for_float32() else 'MKL'}), {mem:.0f} GiB RAM, "
+            f"{'oneDNN' if kernels.onednn_for_float32() else 'MKL'} in training, "
+            f"{'oneDNN' if kernels.onednn_for_float32(inference=True) else 'MKL'} in decoding), {mem:.0f} GiB RAM, "
             f"{torch.get_num_threads()} torch thread" + ("s" if torch.get_num_threads() != 1 else ""))
 
 

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def onednn_float32_path(monkeypatch):
     """oneDNN's float32 path on whatever CPU runs the tests (on most CPUs `linear` would not take it)."""
     monkeypatch.setattr(kernels, "ONEDNN_FLOAT32", kernels._ONEDNN_LINEAR is not None)
+    monkeypatch.setattr(kernels, "ONEDNN_FLOAT32_INFERENCE", kernels._ONEDNN_LINEAR is not None)
 
 
 def reference_linear(x, weight, bias):
@@ -181,17 +182,34 @@ def test_keep_freed_memory_applies_its_malloc_settings_on_glibc():
     assert kernels.keep_freed_memory() == applied  # calling it again (a second entry point) is harmless
 
 
-@pytest.mark.parametrize(("vendor", "capability", "override", "expected"), [
-    ("AuthenticAMD", "AVX512", "auto", True),    # MKL would run its AVX2 code: oneDNN, 2.2x faster
-    ("AuthenticAMD", "AVX2", "auto", False),     # an AVX2-only EPYC: level, MKL kept
-    ("GenuineIntel", "AVX512", "auto", False),   # MKL's own AVX-512/AMX code: MKL faster
-    ("GenuineIntel", "AVX2", "auto", False),
-    ("", "DEFAULT", "auto", False),              # unknown CPU (e.g. ARM): plain PyTorch
-    ("GenuineIntel", "AVX512", "onednn", True),  # the override wins either way
-    ("AuthenticAMD", "AVX512", "plain", False),
+@pytest.mark.parametrize(("vendor", "capability", "override", "training", "inference"), [
+    ("AuthenticAMD", "AVX512", "auto", True, True),    # MKL would run its AVX2 code: oneDNN, 2.2x faster
+    ("AuthenticAMD", "AVX2", "auto", False, True),     # an AVX2-only EPYC: level in training, oneDNN decodes faster
+    ("GenuineIntel", "AVX512", "auto", False, False),  # MKL's own AVX-512/AMX code: MKL faster
+    ("GenuineIntel", "AVX2", "auto", False, False),
+    ("", "DEFAULT", "auto", False, False),             # unknown CPU (e.g. ARM): plain PyTorch
+    ("GenuineIntel", "AVX512", "onednn", True, True),  # the override wins either way
+    ("AuthenticAMD", "AVX2", "plain", False, False),
 ])
-def test_float32_kernel_is_chosen_by_vendor_and_isa(vendor, capability, override, expected):
-    assert kernels.choose_float32_kernel(vendor, capability, override) is expected
+def test_float32_kernel_is_chosen_by_vendor_isa_and_use(vendor, capability, override, training, inference):
+    assert kernels.choose_float32_kernel(vendor, capability, override) is training
+    assert kernels.choose_float32_kernel(vendor, capability, override, inference=True) is inference
+
+
+def test_decoding_and_training_each_take_their_own_kernel(monkeypatch):
+    """linear() asks for the inference choice without autograd and the training choice with it."""
+    if kernels._ONEDNN_LINEAR is None:
+        pytest.skip("this torch build has no oneDNN linear kernel")
+    calls = []
+    monkeypatch.setattr(kernels, "_onednn", lambda x, w, b: calls.append("oneDNN") or F.linear(x, w, b))
+    monkeypatch.setattr(kernels, "ONEDNN_FLOAT32", False)
+    monkeypatch.setattr(kernels, "ONEDNN_FLOAT32_INFERENCE", True)
+    x, weight = torch.randn(2, 3), torch.randn(4, 3, requires_grad=True)
+    kernels.linear(x, weight).sum().backward()
+    assert calls == []
+    with torch.no_grad():
+        kernels.linear(x, weight)
+    assert calls == ["oneDNN"]
 
 
 def test_a_wrong_kernel_override_is_one_line_naming_the_choices():
@@ -201,23 +219,29 @@ def test_a_wrong_kernel_override_is_one_line_naming_the_choices():
         kernels.choose_float32_kernel("GenuineIntel", "AVX512", "mkl")
 
 
-@pytest.mark.parametrize(("cap", "override", "expected"), [
-    ({"ATEN_CPU_CAPABILITY": "avx2"}, "auto", False), ({"ATEN_CPU_CAPABILITY": "avx2"}, "onednn", True),
-    ({}, "plain", False), ({}, "auto", None),
+@pytest.mark.parametrize(("cap", "override"), [
+    ({"ATEN_CPU_CAPABILITY": "avx2"}, "auto"), ({"ATEN_CPU_CAPABILITY": "avx2"}, "onednn"), ({}, "plain"), ({}, "auto"),
 ])
-def test_the_process_reads_its_cpu_and_override_once(cap, override, expected):
-    """A fresh process decides from this CPU (capped to AVX2 or not) and TRANSFORMER_CPU_LINEAR."""
+def test_the_process_reads_its_cpu_and_override_once(cap, override):
+    """A fresh process decides from this CPU (capped to AVX2 or not) and TRANSFORMER_CPU_LINEAR, for training
+    (a linear map under autograd) and for inference."""
     import subprocess
     import sys
 
     if kernels._ONEDNN_LINEAR is None:
         pytest.skip("this torch build has no oneDNN linear kernel")
     code = ("import torch; from transformer import kernels\n"
+            "kernels.linear(torch.ones(2, 3), torch.ones(4, 3, requires_grad=True))\n"
             "kernels.linear(torch.ones(2, 3), torch.ones(4, 3))\n"
-            "print(kernels.ONEDNN_FLOAT32, kernels.cpu_vendor(), torch.backends.cpu.get_cpu_capability())")
+            "print(kernels.ONEDNN_FLOAT32, kernels.ONEDNN_FLOAT32_INFERENCE, kernels.cpu_vendor(),"
+            " torch.backends.cpu.get_cpu_capability())")
     env = {"PATH": "/usr/bin:/bin", "TRANSFORMER_CPU_LINEAR": override, **cap}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                          check=True, cwd=Path(__file__).resolve().parent.parent).stdout.split()
-    if expected is None:  # this machine's own rule
-        expected = kernels.choose_float32_kernel(out[1], out[2])
-    assert out[0] == str(expected)
+    if override == "auto":  # this machine's own rule (capped: its vendor with AVX2)
+        expected = [kernels.choose_float32_kernel(out[2], out[3], inference=use) for use in (False, True)]
+    else:
+        expected = [override == "onednn"] * 2
+    assert out[:2] == [str(choice) for choice in expected]
+    if cap:
+        assert out[3] == "AVX2"

@@ -45,16 +45,17 @@ _ONEDNN_LINEAR = _onednn_linear_op()
 _ONEDNN_PACK = getattr(getattr(torch.ops, "mkldnn", None), "_reorder_linear_weight", None)
 
 
-def choose_float32_kernel(vendor: str, capability: str, override: str = "auto") -> bool:
+def choose_float32_kernel(vendor: str, capability: str, override: str = "auto", *, inference: bool = False) -> bool:
     """Whether float32 linear maps go to oneDNN (True) or to F.linear, i.e. MKL's sgemm (False), on a CPU of
     this vendor (/proc/cpuinfo's vendor_id) and torch CPU capability ("AVX512", "AVX2", ...).
 
-    oneDNN only on AMD CPUs with AVX-512: MKL runs its AVX-512 code on Intel CPUs only, so on an AMD CPU with
+    oneDNN on AMD CPUs with AVX-512: MKL runs its AVX-512 code on Intel CPUs only, so on an AMD CPU with
     AVX-512 its sgemm leaves half the vector width unused, and oneDNN was about twice as fast there. On an
-    AVX2-only AMD EPYC the two were level, and on an Intel Xeon with AVX-512 and AMX MKL was faster at the
-    model's shapes (docs/BENCHMARKS.md, 'Kernel choice', has the measurements). A rule, not a timing at start, so every rank and
-    every run on a machine computes with the same kernels. `override` (TRANSFORMER_CPU_LINEAR) is
-    auto | onednn | plain.
+    AVX2-only AMD EPYC the two were level in training, and oneDNN with packed weights faster in decoding
+    (`inference`: no autograd), as CTranslate2 also picks oneDNN on AMD CPUs; on an Intel Xeon with AVX-512 and
+    AMX MKL was faster at the model's shapes (docs/BENCHMARKS.md, 'Kernel choice', has the measurements). A
+    rule, not a timing at start, so every rank and every run on a machine computes with the same kernels.
+    `override` (TRANSFORMER_CPU_LINEAR) is auto | onednn | plain, for training and inference alike.
     """
     if override not in ("auto", "onednn", "plain"):
         from transformer.config import ConfigError  # here: only a wrong override needs it
@@ -63,7 +64,7 @@ def choose_float32_kernel(vendor: str, capability: str, override: str = "auto") 
                           "set it to auto, onednn or plain, or unset it")
     if override != "auto":
         return override == "onednn"
-    return "AMD" in vendor.upper() and capability.startswith("AVX512")
+    return "AMD" in vendor.upper() and (capability.startswith("AVX512") or inference)
 
 
 @functools.cache
@@ -80,16 +81,23 @@ def cpu_vendor() -> str:
     return platform.processor()
 
 
-ONEDNN_FLOAT32: bool | None = None  # decided by `onednn_for_float32` at first use; a test or benchmark may set it
+# Decided by `onednn_for_float32` at first use, for training and for inference; a test or benchmark may set them.
+ONEDNN_FLOAT32: bool | None = None
+ONEDNN_FLOAT32_INFERENCE: bool | None = None
 
 
-def onednn_for_float32() -> bool:
+def onednn_for_float32(inference: bool = False) -> bool:
     """This machine's float32 kernel choice (`choose_float32_kernel`), decided once a process."""
-    global ONEDNN_FLOAT32
-    if ONEDNN_FLOAT32 is None:
-        ONEDNN_FLOAT32 = _ONEDNN_LINEAR is not None and choose_float32_kernel(
-            cpu_vendor(), torch.backends.cpu.get_cpu_capability(), os.environ.get("TRANSFORMER_CPU_LINEAR", "auto"))
-    return ONEDNN_FLOAT32
+    global ONEDNN_FLOAT32, ONEDNN_FLOAT32_INFERENCE
+    if (ONEDNN_FLOAT32_INFERENCE if inference else ONEDNN_FLOAT32) is None:
+        choice = _ONEDNN_LINEAR is not None and choose_float32_kernel(
+            cpu_vendor(), torch.backends.cpu.get_cpu_capability(), os.environ.get("TRANSFORMER_CPU_LINEAR", "auto"),
+            inference=inference)
+        if inference:
+            ONEDNN_FLOAT32_INFERENCE = choice
+        else:
+            ONEDNN_FLOAT32 = choice
+    return ONEDNN_FLOAT32_INFERENCE if inference else ONEDNN_FLOAT32
 
 
 @functools.cache
@@ -271,8 +279,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
     Why: torch's CPU builds send float32 F.linear to MKL, whose sgemm runs its AVX2 code on AMD CPUs;
     on an AMD CPU with AVX-512, oneDNN uses AVX-512 and is faster in all three matmuls of a training step
-    (docs/BENCHMARKS.md, 'Where our speed comes from'); elsewhere it is not, and float32 stays with F.linear
-    (`onednn_for_float32`). Same maths; only the rounding of the sums may differ (~1e-6 relative), as
+    (docs/BENCHMARKS.md, 'Where our speed comes from'); on an AVX2-only AMD CPU it is in decoding (without
+    autograd) only; elsewhere it is not, and float32 stays with F.linear (`onednn_for_float32`). Same maths; only the rounding of the sums may differ (~1e-6 relative), as
     between thread counts. Without autograd, float32 (where oneDNN is the choice) and bfloat16 go to
     oneDNN, with packed weights inside `frozen_weights()`; inside `int8_weights()`, float32 ones are int8.
     Everything else (GPU, autocast, fp16, bf16
@@ -287,7 +295,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if (_ONEDNN_LINEAR is None or x.device.type != "cpu" or x.dtype != weight.dtype
             or x.dtype not in (torch.float32, torch.bfloat16) or torch.is_autocast_enabled("cpu")
             or torch.compiler.is_compiling() or (x.dtype == torch.bfloat16 and not native_bf16())
-            or (x.dtype == torch.float32 and not onednn_for_float32())):
+            or (x.dtype == torch.float32 and not onednn_for_float32(inference=not needs_grad))):
         return F.linear(x, weight, bias)
     if needs_grad:
         if x.dtype != torch.float32:
