@@ -87,16 +87,19 @@ ONEDNN_FLOAT32_INFERENCE: bool | None = None
 
 
 def onednn_for_float32(inference: bool = False) -> bool:
-    """This machine's float32 kernel choice (`choose_float32_kernel`), decided once a process."""
+    """This machine's float32 kernel choice (`choose_float32_kernel`) for training or inference, decided once a
+    process."""
     global ONEDNN_FLOAT32, ONEDNN_FLOAT32_INFERENCE
-    if (ONEDNN_FLOAT32_INFERENCE if inference else ONEDNN_FLOAT32) is None:
-        choice = _ONEDNN_LINEAR is not None and choose_float32_kernel(
+
+    def choice(inference: bool) -> bool:
+        return _ONEDNN_LINEAR is not None and choose_float32_kernel(
             cpu_vendor(), torch.backends.cpu.get_cpu_capability(), os.environ.get("TRANSFORMER_CPU_LINEAR", "auto"),
             inference=inference)
-        if inference:
-            ONEDNN_FLOAT32_INFERENCE = choice
-        else:
-            ONEDNN_FLOAT32 = choice
+
+    if ONEDNN_FLOAT32 is None:
+        ONEDNN_FLOAT32 = choice(inference=False)
+    if ONEDNN_FLOAT32_INFERENCE is None:
+        ONEDNN_FLOAT32_INFERENCE = choice(inference=True)
     return ONEDNN_FLOAT32_INFERENCE if inference else ONEDNN_FLOAT32
 
 
@@ -280,11 +283,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     Why: torch's CPU builds send float32 F.linear to MKL, whose sgemm runs its AVX2 code on AMD CPUs;
     on an AMD CPU with AVX-512, oneDNN uses AVX-512 and is faster in all three matmuls of a training step
     (docs/BENCHMARKS.md, 'Where our speed comes from'); on an AVX2-only AMD CPU it is in decoding (without
-    autograd) only; elsewhere it is not, and float32 stays with F.linear (`onednn_for_float32`). Same maths; only the rounding of the sums may differ (~1e-6 relative), as
-    between thread counts. Without autograd, float32 (where oneDNN is the choice) and bfloat16 go to
-    oneDNN, with packed weights inside `frozen_weights()`; inside `int8_weights()`, float32 ones are int8.
-    Everything else (GPU, autocast, fp16, bf16
-    with autograd, torch.compile, a torch without the kernel, bf16 on a CPU without native bf16) goes to
+    autograd) only; elsewhere it is not, and float32 stays with F.linear (`onednn_for_float32`). Same maths;
+    only the rounding of the sums may differ (~1e-6 relative), as between thread counts. Without autograd,
+    float32 (where oneDNN is the choice) and bfloat16 go to oneDNN, with packed weights inside
+    `frozen_weights()`; inside `int8_weights()`, float32 ones are int8. Everything else (GPU, autocast, fp16,
+    bf16 with autograd, torch.compile, a torch without the kernel, bf16 on a CPU without native bf16) goes to
     F.linear.
     """
     int8 = _INT8.get()
