@@ -31,12 +31,20 @@ def test_the_budget_counts_earlier_processes_and_prices_the_end_of_the_run():
     assert budget.deadline(160.0) == pytest.approx(time.monotonic() + 55.0, abs=1.0)
     for seconds in (0.2, 0.5, 0.3):
         budget.add_update(seconds)
-    budget.save, budget.validation, budget.decode_line = 2.0, 7.0, 0.01
+    budget.save, budget.decode_line = 2.0, 0.01
+    budget.validations.extend([7.0, 4.0])
     costs = budget.costs(average_last=5, test_lines=3000)
-    assert costs == Costs(update=0.5, validation=7.0, save=2.0, finish=2.0 * 6 + 30.0)  # the slowest update
+    # the slowest recent update and validation (their times vary with the load), the latest save
+    assert costs == Costs(update=0.5, validation=7.0, save=2.0, finish=2.0 * 6 + 30.0)
+    for _ in range(4):  # the 7 s validation leaves the window of the five most recent
+        with budget.timing("validation"):
+            time.sleep(0.01)
+    with budget.timing("save"):
+        time.sleep(0.01)
+    assert budget.validation == 4.0 and 0.01 <= budget.save < 1.0
     with budget.timing("validation"):
-        time.sleep(0.05)
-    assert 0.05 <= budget.validation < 1.0
+        pass
+    assert budget.validation < 1.0
 
 
 def test_process_age_is_this_processs_age():

@@ -322,10 +322,11 @@ def test_max_time_is_the_runs_wall_clock_and_every_rank_ends_inside_it(corpus, t
     assert f"max_time={budget}s (wall clock" in output
     state = TrainState.read(ckpt.load(ckpt.last_path(run_dir)))
     update = state.train_seconds / state.step
-    # The stop is decided on the cost estimates of an update and a save; the last save's own time may exceed
-    # its estimate by a fraction of a save on a loaded machine (measured: 0.08 s over a 20 s budget).
-    assert state.step >= 5 and budget / 2 <= state.wall_seconds <= budget + update + state.save_seconds, \
-        (state, output[-2000:])
+    # The stop is decided on the cost estimates of an update, a validation (the slowest of the recent ones) and a
+    # save; on a loaded machine the last ones may still exceed them by a fraction (measured: a save 0.08 s over a
+    # 20 s budget; a validation 0.43 s over, on a loaded 2-core EPYC, when it was priced by the latest one alone).
+    allowance = update + state.save_seconds + state.validation_seconds / 2
+    assert state.step >= 5 and budget / 2 <= state.wall_seconds <= budget + allowance, (state, output[-2000:])
     assert elapsed <= budget + launch + update, (elapsed, state, output[-2000:])
 
 

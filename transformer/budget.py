@@ -8,7 +8,8 @@ with it, as in fairseq's cumulative training time). fairseq's `--stop-time-hours
 `--max-seconds` count the same way but check after an update or a checkpoint, so they overrun by one. This
 run stops *before* work that would not fit: train.py continues past an update only while the next update,
 a validation, the last checkpoint and the end of the run still fit (`another_update_fits`), each priced by
-its latest measured duration (`Costs`; carried in every checkpoint, so a resumed run prices its work from its
+its measured duration (the slowest recent update and validation, whose times vary with the batch and the
+machine's load; the latest save; `Costs`; carried in every checkpoint, so a resumed run prices its work from its
 first update; 0 in a new run until measured once: set max_time with room for the first validation and save).
 The end of the run also holds a deadline: the test translation stops at the first batch that would start
 after it, and says so. What the budget does not see: the time between a process's last checkpoint and its
@@ -44,7 +45,7 @@ class Costs:
     """Seconds that each kind of work took in this process (rank 0's figures decide for every rank)."""
 
     update: float = 0.0  # the slowest of the recent updates
-    validation: float = 0.0  # the latest validation (loss, BLEU, figures)
+    validation: float = 0.0  # the slowest of the recent validations (loss, BLEU, figures)
     save: float = 0.0  # the latest checkpoint write
     finish: float = 0.0  # the end of the run: averaging and the test translation, as priced by `Budget.finish_cost`
 
@@ -76,18 +77,25 @@ class Budget:
 
     spent_before: float = 0.0
     started: float = field(default_factory=time.monotonic)
-    validation: float = 0.0
     save: float = 0.0
     decode_line: float = 0.0  # seconds per translated line at the latest BLEU validation (0: none yet)
     updates: collections.deque = field(default_factory=lambda: collections.deque(maxlen=20))
+    validations: collections.deque = field(default_factory=lambda: collections.deque(maxlen=5))
+
+    @property
+    def validation(self) -> float:
+        """The slowest recent validation (0.0 before the first)."""
+        return max(self.validations, default=0.0)
 
     @classmethod
     def resumed(cls, state, started: float) -> Budget:
         """The budget of a run at `state` (a TrainState): its spent time and the costs its last process measured."""
-        budget = cls(spent_before=state.wall_seconds, started=started, validation=state.validation_seconds,
-                     save=state.save_seconds, decode_line=state.decode_line_seconds)
+        budget = cls(spent_before=state.wall_seconds, started=started, save=state.save_seconds,
+                     decode_line=state.decode_line_seconds)
         if state.update_seconds:
             budget.add_update(state.update_seconds)
+        if state.validation_seconds:
+            budget.validations.append(state.validation_seconds)
         return budget
 
     def record(self, state) -> None:
@@ -108,12 +116,16 @@ class Budget:
 
     @contextlib.contextmanager
     def timing(self, kind: str):
-        """Times the block as the latest `kind` ("validation" or "save")."""
+        """Times the block as a `kind` of work: "validation" (one of the recent ones) or "save" (the latest)."""
         started = time.monotonic()
         try:
             yield
         finally:
-            setattr(self, kind, time.monotonic() - started)
+            seconds = time.monotonic() - started
+            if kind == "validation":
+                self.validations.append(seconds)
+            else:
+                self.save = seconds
 
     def finish_cost(self, *, average_last: int, test_lines: int) -> float:
         """The end of the run: averaging reads `average_last` checkpoints and writes one (each about a
