@@ -85,6 +85,36 @@ def test_int8_linear_maps_quantise_each_output_channel_on_its_own(rows):
     assert out.dtype == torch.float32 and out.shape == (rows, 3, 48)
 
 
+def test_a_weight_cache_keeps_packed_and_int8_weights_across_blocks_until_a_weight_changes():
+    """kernels.WeightCache (a Translator's): the second block reuses what the first packed and quantised; a
+    weight changed in place (its version bumped) is packed and quantised again."""
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(48, 32), torch.randn(48), torch.randn(7, 32)
+    cache = kernels.WeightCache()
+    runs = []
+    if kernels.onednn_for_float32(inference=True) and kernels._ONEDNN_PACK is not None:  # else nothing is packed
+        runs.append((torch.no_grad, kernels.frozen_weights, cache.packed))
+    if not kernels.why_no_int8():
+        runs.append((torch.no_grad, kernels.int8_weights, cache.int8))
+    if not runs:
+        pytest.skip("this CPU packs no float32 weight and has no int8 kernel")
+    for no_grad, block, store in runs:
+        with no_grad(), block(cache):
+            first = kernels.linear(x, weight, bias)
+        kept = {key: value[1] for key, value in store.items()}
+        assert len(kept) == 1  # kept in the cache when the block ends
+        with no_grad(), block(cache):
+            again = kernels.linear(x, weight, bias)
+        assert torch.equal(first, again) and len(store) == len(kept)
+        assert all(store[key][1] is entry for key, entry in kept.items())  # the same objects: not made again
+        with torch.no_grad():
+            weight.mul_(2.0)
+        with no_grad(), block(cache):
+            changed = kernels.linear(x, weight, bias)
+        assert all(store[key][1] is not entry for key, entry in kept.items())
+        assert (changed.double() - reference_linear(x, weight, bias)).abs().max() <= 0.1 * weight.abs().max()
+
+
 def test_int8_leaves_linear_maps_that_need_gradients_in_float32_and_refuses_without_a_kernel(monkeypatch):
     torch.manual_seed(0)
     weight, x = torch.randn(8, 4, requires_grad=True), torch.randn(2, 4)

@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -23,7 +24,7 @@ if str(ROOT) not in sys.path:
 import translate  # noqa: E402
 from transformer import Translation, Translator  # noqa: E402
 from transformer.config import DecodeConfig  # noqa: E402
-from transformer import translation  # noqa: E402
+from transformer import kernels, translation  # noqa: E402
 from data.lines import arriving_lines  # noqa: E402
 from helpers import subprocess_env, tiny_run_sources, translate_py  # noqa: E402
 
@@ -72,6 +73,29 @@ def test_a_bf16_translator_copies_its_weights_once_not_per_call(tiny_run, capsys
     first = [translator.translate([line])[0] for line in lines]
     assert len(copies) == 1
     one_line_batches = ["decode.precision=bf16", "decode.max_tokens=1"]  # the same shapes, the same rounding
+    assert first == translate_py([f"checkpoint={tiny_run.run_dir}", *one_line_batches], lines, capsys, monkeypatch)
+
+
+def test_an_int8_translator_quantises_its_weights_once_not_per_call(tiny_run, capsys, monkeypatch,
+                                                                     one_torch_thread):
+    """The same for int8 (and oneDNN's packed weights): quantising per call would quantise the whole model
+    for every line of interactive mode (kernels.WeightCache)."""
+    if kernels.why_no_int8():
+        pytest.skip(kernels.why_no_int8())
+    lines = tiny_run_sources(tiny_run, 4)
+    translator = Translator.load(tiny_run.run_dir, device="cpu", precision="int8")
+    quantised, quantize_per_channel = [], torch.quantize_per_channel
+
+    def counted(*args, **kwargs):
+        quantised.append(args[0].shape)
+        return quantize_per_channel(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "quantize_per_channel", counted)
+    first = [translator.translate([lines[0]])[0]]
+    per_model = len(quantised)
+    first += [translator.translate([line])[0] for line in lines[1:]]
+    assert per_model > 0 and len(quantised) == per_model
+    one_line_batches = ["decode.precision=int8", "decode.max_tokens=1"]
     assert first == translate_py([f"checkpoint={tiny_run.run_dir}", *one_line_batches], lines, capsys, monkeypatch)
 
 

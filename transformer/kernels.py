@@ -2,7 +2,8 @@
 
 - `linear` / `Linear`: linear maps, y = x W^T + b as `nn.Linear`; float32 ones computed by oneDNN on AMD
   CPUs with AVX-512 and by MKL (F.linear) elsewhere (`choose_float32_kernel`: whichever was faster on each
-  kind of CPU); without autograd also bf16 ones, from weights packed for oneDNN inside `frozen_weights()`.
+  kind of CPU); without autograd also bf16 ones, from weights packed for oneDNN inside `frozen_weights()`
+  (per block, or once for a model whose weights do not change, with a `WeightCache`: a Translator's).
 - `scaled_dot_product_attention`: `F.scaled_dot_product_attention`, computed on CPU as matmul, softmax,
   matmul instead of by torch's CPU flash-attention kernel.
 - `int8_weights` / `why_no_int8`: int8 linear maps for decoding on CPU (`decode.precision=int8`): weights
@@ -25,6 +26,7 @@ import logging
 import os
 import platform
 import warnings
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -150,10 +152,22 @@ def _warn_emulated(precision: str) -> None:
 _PACKED: contextvars.ContextVar[WeakIdKeyDictionary | None] = contextvars.ContextVar("packed", default=None)
 
 
+@dataclass
+class WeightCache:
+    """The packed (and int8) weights of a model whose weights do not change between blocks, such as a
+    Translator's: given to `frozen_weights` / `int8_weights`, each weight is packed or quantised once, not
+    once per block (interactive translation opens a block per line). A weight changed in place with its version
+    counter bumped is packed again; one changed without (torch's fused Adam) needs a new cache."""
+
+    packed: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary)
+    int8: dict = field(default_factory=dict)
+
+
 @contextlib.contextmanager
-def frozen_weights():
+def frozen_weights(cache: WeightCache | None = None):
     """A block in which weights do not change (search, translation): CPU linear maps without autograd use
-    each weight packed into oneDNN's blocked layout, made on first use and dropped when the block ends.
+    each weight packed into oneDNN's blocked layout, made on first use and dropped when the block ends (kept
+    in `cache` instead, where one is given).
 
     Unpacked, oneDNN reorders the weight on every call; packed, it does not, and decoding is a few per
     cent faster (docs/BENCHMARKS.md, 'Packed weights'). The block is needed because a weight can change
@@ -163,7 +177,7 @@ def frozen_weights():
     if _PACKED.get() is not None:
         yield
         return
-    token = _PACKED.set(WeakIdKeyDictionary())
+    token = _PACKED.set(WeakIdKeyDictionary() if cache is None else cache.packed)
     try:
         yield
     finally:
@@ -199,9 +213,9 @@ def _int8_reduce_range() -> bool:
 
 
 @contextlib.contextmanager
-def int8_weights():
-    """A block in which CPU linear maps without autograd are int8: each weight is quantised once, per output
-    channel (symmetric, scale = max |w| / 127 of its row), into torch's packed int8 layout; each call quantises
+def int8_weights(cache: WeightCache | None = None):
+    """A block in which CPU linear maps without autograd are int8: each weight is quantised once a block (or
+    once a `cache`), per output channel (symmetric, scale = max |w| / 127 of its row), into torch's packed int8 layout; each call quantises
     its input per tensor and multiplies in int8 (`torch.ops.quantized.linear_dynamic`), as CTranslate2's int8
     does. Outputs are float32. Like `frozen_weights`, the weights must not change inside the block."""
     reason = why_no_int8()
@@ -210,9 +224,9 @@ def int8_weights():
     if _INT8.get() is not None:
         yield
         return
-    token = _INT8.set({})
+    token = _INT8.set({} if cache is None else cache.int8)
     try:
-        with frozen_weights():
+        with frozen_weights(cache):
             yield
     finally:
         _INT8.reset(token)

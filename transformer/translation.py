@@ -71,7 +71,8 @@ class DeadlinePassed(Exception):
 @torch.inference_mode()
 def translate_ids(model: Seq2Seq, sources: Sequence[Sequence[int]], decode: DecodeConfig, *,
                   device: torch.device | str = "cpu", progress=None, deadline: float | None = None,
-                  first_id: int = 0, work: SearchWork | None = None) -> list[list[Hypothesis]]:
+                  first_id: int = 0, work: SearchWork | None = None,
+                  weights: kernels.WeightCache | None = None) -> list[list[Hypothesis]]:
     """Search every source (pieces without EOS) and return its `decode.nbest` hypotheses, in input order.
 
     An empty source yields no search and an empty hypothesis (score 0): translating nothing gives nothing.
@@ -79,18 +80,20 @@ def translate_ids(model: Seq2Seq, sources: Sequence[Sequence[int]], decode: Deco
     those of a call without one, so a translation that finishes is the same). Sampling (decode.sampling)
     draws source i's samples from its number `first_id + i`, so a line's samples do not depend on the
     batch or the chunk of input it came in. `work` (a search.SearchWork) adds up what the searches computed.
+    `weights` keeps the packed or int8 weights for the next call (a Translator's; `kernels.WeightCache`).
     """
     if decode.precision == "bf16":
         kernels.warn_if_emulated("bf16", torch.device(device).type)
         model = bfloat16_copy(model)
-    with int8_linear_maps(decode, device):
+    with int8_linear_maps(decode, device, weights), kernels.frozen_weights(weights):
         return _translate_batches(model, sources, decode, device=device, progress=progress, deadline=deadline,
                                   first_id=first_id, work=work)
 
 
-def int8_linear_maps(decode: DecodeConfig, device: torch.device | str) -> contextlib.AbstractContextManager:
-    """`kernels.int8_weights()` for decode.precision=int8 (a one-line ConfigError where it cannot run), else
-    nothing."""
+def int8_linear_maps(decode: DecodeConfig, device: torch.device | str,
+                     weights: kernels.WeightCache | None = None) -> contextlib.AbstractContextManager:
+    """`kernels.int8_weights(weights)` for decode.precision=int8 (a one-line ConfigError where it cannot run),
+    else nothing."""
     if decode.precision != "int8":
         return contextlib.nullcontext()
     if torch.device(device).type != "cpu":
@@ -99,7 +102,7 @@ def int8_linear_maps(decode: DecodeConfig, device: torch.device | str) -> contex
     reason = kernels.why_no_int8()
     if reason:
         raise ConfigError(f"decode.precision=int8: {reason}; use decode.precision=fp32")
-    return kernels.int8_weights()
+    return kernels.int8_weights(weights)
 
 
 def _translate_batches(model: Seq2Seq, sources: Sequence[Sequence[int]], decode: DecodeConfig, *, device, progress,
@@ -166,6 +169,10 @@ class Translator:
         t.translate(["A sentence."])                      # -> ["..."]: the best translation of each text
         t.translate_nbest(["A sentence."], nbest=4)      # -> [[Translation(text, score), ...]], best first
         greedy = t.with_decode(beam=1, lenpen=0)         # the same model, other search settings
+
+    Its weights must not change: it packs them for the CPU's kernels (or quantises them, decode.precision=int8;
+    or copies them to bfloat16) once, on first use, and keeps them for every call. To translate with changed
+    weights, load a new Translator.
     """
 
     model: Seq2Seq
@@ -176,6 +183,8 @@ class Translator:
     device: torch.device
     checkpoints: list[dict]  # what each checkpoint holds besides its weights (step, config, TrainState keys)
     _bf16_model: Seq2Seq | None = field(default=None, init=False, repr=False)  # made once, on first use
+    # The weights packed for oneDNN, or quantised to int8, once for every call (kernels.WeightCache)
+    _weights: kernels.WeightCache = field(default_factory=kernels.WeightCache, init=False, repr=False)
 
     @classmethod
     def load(cls, checkpoint, device: torch.device | str = "auto", *, decode: DecodeConfig | None = None,
@@ -240,8 +249,11 @@ class Translator:
                    tgt_lang=data_cfg.get("tgt_lang"), device=torch.device(device), checkpoints=[record])
 
     def with_decode(self, **settings) -> Translator:
-        """The same model (shared, not copied) with some search settings replaced, e.g. `with_decode(beam=1)`."""
-        return dataclasses.replace(self, decode=_with_settings(self.decode, settings))
+        """The same model (shared, not copied, with its packed weights and bf16 copy) with some search settings
+        replaced, e.g. `with_decode(beam=1)`."""
+        other = dataclasses.replace(self, decode=_with_settings(self.decode, settings))
+        other._weights, other._bf16_model = self._weights, self._bf16_model
+        return other
 
     def translate(self, texts: Sequence[str], *, progress: bool = False, source: str = "input",
                   deadline: float | None = None, work: SearchWork | None = None) -> list[str]:
@@ -278,7 +290,7 @@ class Translator:
         with tqdm(total=len(ids), desc="translating", unit="line", file=sys.stderr, disable=not progress,
                   mininterval=1.0) as bar:
             hyps = translate_ids(model, ids, decode, device=self.device, progress=bar, deadline=deadline,
-                                 first_id=first_line - 1, work=work)
+                                 first_id=first_line - 1, work=work, weights=self._weights)
         out = []
         for index, row in enumerate(hyps):
             # Byte-fallback pieces can spell a line break; one translation must stay one output line.
