@@ -3,6 +3,9 @@
     python benchmarks/decode_real.py --run-dir runs/multi30k-en-de-small --write docs/BENCHMARKS.md
     python benchmarks/decode_real.py --run-dir RUN --lines 200 --threads 1     # a shorter look
     python benchmarks/decode_real.py --run-dir RUN --src F.en --ref F.de --smoke   # every step on 10 lines
+    python benchmarks/decode_real.py --run-dir RUN --lines 300 --threads 1 --profile 'ours fp32'  # where time goes
+    python benchmarks/decode_real.py --run-dir RUN --write docs/BENCHMARKS.md \
+        --heading '## Decoding real text on an AVX2-only AMD EPYC'     # a section per CPU kind
 
 Where benchmarks/decode.py times a random model that emits exactly 30 tokens per sentence, this script
 translates a real test set (default: Multi30k's test_2016_flickr EN→DE, 1000 sentences, from this
@@ -95,8 +98,8 @@ from pathlib import Path
 
 import torch
 
-from _common import (ROOT, alternate, describe, load_average, load_remark, machine, median, table, versions,
-                     write_section)
+from _common import (ROOT, alternate, describe, load_average, load_remark, machine, median, print_profile, table,
+                     versions, write_section)
 from transformer import checkpoint as ckpt
 from transformer import ct2_export, hf
 from transformer.kernels import keep_freed_memory
@@ -360,6 +363,22 @@ def run(args) -> str:
     return section(args, translator, facts, rows=rows, parity=parity, work=work)
 
 
+def profile(args) -> None:
+    """One pass of the engine `args.profile` over the text under torch.profiler (after one untimed pass):
+    where its time goes, for a goal the timed run missed."""
+    torch.set_num_threads(args.threads[0])
+    keep_freed_memory()
+    lines = read_lines(args.src)[:args.lines]
+    translator = Translator.load(args.run_dir, CPU)
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = build_engines(translator, Path(tmp), args.lenpen, [args.profile])[0][args.profile]
+        print_profile(f"{args.profile}, {len(lines)} lines of {args.src.name}, beam {BEAM}, "
+                      f"{args.threads[0]} thread(s), {machine(CPU)}",
+                      lambda: engine.translate(lines, beam=BEAM), args.rows)
+        work = engine.work
+        print(f"decoder steps {work.steps}, computed row-steps {work.computed:,}, useful {work.useful:,}")
+
+
 def section(args, translator: Translator, facts: dict, *, rows: list[list], parity: list[list],
             work: list[list]) -> str:
     lines, source_pieces = facts["sentences"], facts["source pieces"]
@@ -370,7 +389,7 @@ def section(args, translator: Translator, facts: dict, *, rows: list[list], pari
             f"{args.src.name} / {args.ref.name} ({lines} sentences, {source_pieces:,} source pieces)")
     parity_threads = f"{args.threads[0]} thread" + ("s" if args.threads[0] != 1 else "")
     return "\n".join([
-        HEADING, "",
+        args.heading, "",
         f"{smoke}Measured {time.strftime('%Y-%m-%d %H:%M')} on {facts['where']}. "
         f"{versions('transformers', 'ctranslate2', 'sentencepiece', 'sacrebleu')}. Command: "
         f"`{command(args)}` ({args.warmup} warm-up + {args.repeats} timed passes over the whole text per engine, "
@@ -431,6 +450,8 @@ def command(args) -> str:
         parts += ["--lenpen", f"{args.lenpen:g}"]
     if args.write:
         parts += ["--write", str(args.write)]
+    if args.heading != HEADING:
+        parts += ["--heading", args.heading]
     return shlex.join(parts)
 
 
@@ -447,16 +468,27 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed passes per engine (default 1)")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per engine (default 3)")
     parser.add_argument("--write", type=Path, help="Markdown file whose section to replace")
+    parser.add_argument("--heading", default=HEADING,
+                        help=f"the section's heading (default '{HEADING}'; one section per CPU kind)")
+    parser.add_argument("--profile", choices=[name for name in ENGINES if name.startswith("ours")],
+                        help="print a torch.profiler table of one pass of this engine (at the first thread count) "
+                             "instead of timing the engines")
+    parser.add_argument("--rows", type=int, default=15, help="rows of the --profile table (default 15)")
     parser.add_argument("--smoke", action="store_true",
                         help=f"every step on the first {SMOKE_LINES} lines, 1 thread, 1 timed pass (for tests)")
     args = parser.parse_args()
     if args.smoke:
         args.lines = min(args.lines or SMOKE_LINES, SMOKE_LINES)
         args.threads, args.repeats = [1], 1
+    if not args.heading.startswith("## "):
+        parser.error(f"--heading {args.heading!r}: give a Markdown section heading, '## ...'")
+    if args.profile:
+        profile(args)
+        return
     text = run(args)
     print(text)
     if args.write:
-        write_section(args.write, HEADING, text)
+        write_section(args.write, args.heading, text)
 
 
 if __name__ == "__main__":

@@ -42,12 +42,13 @@ def test_decode_real_smoke_reports_every_engine_and_parity(tiny_run, tmp_path):
     markdown = tmp_path / "BENCHMARKS.md"
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_real.py"), "--smoke", "--run-dir",
                              str(tiny_run.run_dir), "--src", str(source), "--ref", str(reference), "--write",
-                             str(markdown)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                             str(markdown), "--heading", "## Decoding real text on this CPU"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300,
                             env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1",
                                  "HF_HUB_OFFLINE": "1", "HOME": str(tmp_path)})
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    section = markdown.read_text(encoding="utf-8").split("## Decoding real text\n", 1)[1]
-    assert "**Smoke run** (10 lines" in section
+    section = markdown.read_text(encoding="utf-8").split("## Decoding real text on this CPU\n", 1)[1]
+    assert "**Smoke run** (10 lines" in section and "--heading '## Decoding real text on this CPU'" in section
     ours = ["ours fp32", "ours fp32, rows kept", "ours fp32, patience", "ours int8", "ours fp32, patience 1"]
     engines = ours + ["Marian generate fp32", "CTranslate2 float32", "CTranslate2 int8",
                       "CTranslate2 float32, patience 1"]
@@ -63,6 +64,21 @@ def test_decode_real_smoke_reports_every_engine_and_parity(tiny_run, tmp_path):
     assert parity["Marian generate fp32"][0] == parity["CTranslate2 float32"][0] == "10"
     assert parity["CTranslate2 float32, patience 1"][0] == "10"  # against ours with the same rule
     assert parity["ours fp32, rows kept"] == ("10", "10")
+
+
+@pytest.mark.slow
+def test_decode_real_profile_prints_where_one_engines_time_goes(tiny_run, tmp_path):
+    """--profile runs one of our engines under torch.profiler and prints its ops and what the pass computed,
+    without the peers (the tool for a missed goal)."""
+    source, reference = tiny_run.files("test")
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_real.py"), "--run-dir",
+                             str(tiny_run.run_dir), "--src", str(source), "--ref", str(reference), "--lines", "5",
+                             "--threads", "1", "--profile", "ours int8", "--rows", "5"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300,
+                            env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(tmp_path)})
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "=== ours int8, 5 lines of" in result.stdout and "Self CPU time total" in result.stdout
+    assert re.search(r"decoder steps \d+, computed row-steps [\d,]+, useful [\d,]+", result.stdout)
 
 
 @pytest.mark.slow
