@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -205,7 +206,13 @@ def parser(doc: str, *, repeats_what: str) -> argparse.ArgumentParser:
     p.add_argument("--cpu", action="store_true", help="the CPU benchmark even where CUDA is available")
     p.add_argument("--profile", choices=["small", "base", "big"], help="print torch.profiler tables instead")
     p.add_argument("--rows", type=int, default=15)
+    p.add_argument("--heading", help="the section's heading, '## ...' (default: the script's; one per CPU kind)")
     return p
+
+
+def command_line(script: str) -> str:
+    """The command that is running, as a reader would type it: `python benchmarks/<script> <its arguments>`."""
+    return shlex.join(["python", f"benchmarks/{script}", *sys.argv[1:]])
 
 
 def parse(p: argparse.ArgumentParser) -> argparse.Namespace:
@@ -213,6 +220,8 @@ def parse(p: argparse.ArgumentParser) -> argparse.Namespace:
 
     The malloc settings are process-wide, so the peers measured in the same process get them too."""
     args = p.parse_args()
+    if args.heading is not None and not args.heading.startswith("## "):
+        p.error(f"--heading {args.heading!r}: give a Markdown section heading, '## ...'")
     keep_freed_memory()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -174,9 +174,8 @@ def run(args, device: torch.device) -> str:
                       + f"  (load {load_average():.1f})", flush=True)
             del engines
     load_after = load_average()
-    command = ("python benchmarks/decode.py" + (" --quick" if args.quick else "")
-               + (f" --threads {args.threads}" if args.threads else "") + " --write docs/BENCHMARKS.md")
-    heading = HEADING_GPU if device.type == "cuda" else HEADING_CPU
+    command = common.command_line("decode.py")
+    heading = args.heading or (HEADING_GPU if device.type == "cuda" else HEADING_CPU)
     lines = [
         heading, "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {machine(device)}; "
@@ -218,7 +217,7 @@ def main() -> None:
     section = run(args, device)
     print(section)
     if args.write:
-        write_section(args.write, HEADING_GPU if device.type == "cuda" else HEADING_CPU, section)
+        write_section(args.write, args.heading or (HEADING_GPU if device.type == "cuda" else HEADING_CPU), section)
 
 
 if __name__ == "__main__":

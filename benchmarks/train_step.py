@@ -144,10 +144,9 @@ def cpu_section(args) -> str:
                   f"MFU {100 * mfu_ours:.0f} % vs {100 * mfu_marian:.0f} %  (load {load_average():.1f})", flush=True)
         del engines
     load_after = load_average()
-    command = ("python benchmarks/train_step.py" + (" --quick" if args.quick else "")
-               + (f" --threads {args.threads}" if args.threads else "") + " --write docs/BENCHMARKS.md")
+    command = common.command_line("train_step.py")
     lines = [
-        HEADING_CPU, "",
+        args.heading or HEADING_CPU, "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {machine(device)}; "
         f"{load_remark(load_before, load_after)}. "
         f"{versions('transformers')}. Command: `{command}` ({args.warmup} warm-up + {args.repeats} timed "
@@ -215,9 +214,9 @@ def gpu_section(args) -> str:
               flush=True)
         del engines
         torch.cuda.empty_cache()
-    command = "python benchmarks/train_step.py" + (" --quick" if args.quick else "") + " --write docs/BENCHMARKS.md"
+    command = common.command_line("train_step.py")
     lines = [
-        HEADING_GPU, "",
+        args.heading or HEADING_GPU, "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {machine(device)}; {versions('transformers')}. "
         f"Command: `{command}`. bf16 autocast, fused Adam, batch {batch} × {seq} source + {batch} × {seq} target "
         f"tokens (the paper's ~25k per side). bf16 matmul peak measured in the same run (8192³): "
@@ -251,7 +250,7 @@ def main() -> None:
     section = gpu_section(args) if gpu else cpu_section(args)
     print(section)
     if args.write:
-        write_section(args.write, HEADING_GPU if gpu else HEADING_CPU, section)
+        write_section(args.write, args.heading or (HEADING_GPU if gpu else HEADING_CPU), section)
 
 
 if __name__ == "__main__":
