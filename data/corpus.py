@@ -183,6 +183,24 @@ def _decode_line(raw: bytes, path: str, number: int) -> str:
     return text.rstrip("\n").rstrip("\r")
 
 
+def _select_split(splits: datasets.DatasetDict, spec: str, where: str) -> datasets.Dataset:
+    """The rows `spec` names, in the datasets library's split syntax: a split ("validation"), a slice of one
+    ("validation[:500]", "train[10%:]"), or several joined with "+" (e.g. to validate on the first 500 pairs of
+    a 3000-pair dev set)."""
+    try:
+        parts = datasets.ReadInstruction.from_spec(spec).to_absolute({name: len(split) for name, split in
+                                                                     splits.items()})
+    except (ValueError, AssertionError) as e:
+        name = spec.partition("[")[0]
+        if name and name not in splits and "+" not in spec:
+            raise DataError(f"split '{name}' not found in {where}; it has: {', '.join(splits)}") from None
+        raise DataError(f"split '{spec}' of {where}: {one_line(e, limit=160)}; write a split name, a slice of one "
+                        "('validation[:500]', 'train[:10%]') or several joined by '+'") from None
+    chosen = [splits[part.splitname].select(range(part.from_, part.to)) if (part.from_, part.to) != (
+        0, len(splits[part.splitname])) else splits[part.splitname] for part in parts]
+    return chosen[0] if len(chosen) == 1 else datasets.concatenate_datasets(chosen)
+
+
 def _load_hub(source: HubSource, *, cache_dir: Path, hashes: FileHashes) -> datasets.Dataset:
     where = f"{source.name} (subset {source.subset})" if source.subset else source.name
     kwargs = {}
@@ -214,9 +232,7 @@ def _load_hub(source: HubSource, *, cache_dir: Path, hashes: FileHashes) -> data
         raise DataError(f"cannot load {where}: {one_line(e, limit=240)}") from None
     except OSError as e:  # e.g. an HTTP error from the hub (gated dataset, rate limit)
         raise DataError(f"cannot load {where}: {one_line(e, limit=240)}") from None
-    if source.split not in splits:
-        raise DataError(f"split '{source.split}' not found in {where}; it has: {', '.join(splits)}")
-    ds = splits[source.split]
+    ds = _select_split(splits, source.split, where)
     if "translation" not in ds.column_names:
         raise DataError(f"{where} has no 'translation' column (columns: {', '.join(ds.column_names)})")
     feature = ds.features["translation"]

@@ -389,6 +389,23 @@ def test_missing_split_names_the_splits_that_exist(shared_data, tmp_path):
     assert "split 'train'" in one_line(error) and "validation, test" in str(error.value)
 
 
+def test_a_split_can_be_a_slice_or_a_sum_in_the_datasets_syntax(shared_data, tmp_path):
+    """data.valid_split=validation[:500] validates on newstest2013's first 500 pairs (a shorter validation of a
+    big dev set); the syntax is the datasets library's: slices by count or per cent, parts joined by '+'."""
+    def pairs(split: str) -> dict[str, list[str]]:
+        return load(HubSource(str(shared_data / "wmt14"), "de-en", split, "en", "de"), cache_dir=tmp_path).to_dict()
+
+    whole = pairs("validation")
+    head, tail, both = pairs("validation[:500]"), pairs("validation[90%:]"), pairs("validation[:500]+test[:3]")
+    assert head == {"src": whole["src"][:500], "tgt": whole["tgt"][:500]}
+    assert tail == {"src": whole["src"][2700:], "tgt": whole["tgt"][2700:]}
+    assert both["src"] == head["src"] + pairs("test")["src"][:3] and len(both["tgt"]) == 503
+    for bad, expect in (("validation[:x]", "'validation[:500]'"), ("valid[:9]", "split 'valid' not found")):
+        with pytest.raises(DataError) as error:
+            pairs(bad)
+        assert expect in one_line(error), str(error.value)
+
+
 def test_missing_subset_names_the_subsets_that_exist(shared_data, tmp_path):
     with pytest.raises(DataError) as error:
         load(HubSource(str(shared_data / "wmt14"), "cs-en", "train", "en", "cs"), cache_dir=tmp_path)
