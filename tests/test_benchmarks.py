@@ -1,6 +1,7 @@
 """The benchmark scripts run: benchmarks/gpu_check.py --smoke takes every step of the GPU check on the CPU
 with a tiny model, so the script is ready the day a GPU is lent; benchmarks/decode_real.py --smoke decodes a
-few real lines with the session's tiny trained model in every engine, and benchmarks/translate_corpus.py --smoke
+few real lines with the session's tiny trained model in every engine (decode_batch.py --smoke sweeps our
+decoding batch on them), and benchmarks/translate_corpus.py --smoke
 translates a few lines as a file in ours and CTranslate2 (the figures mean nothing here)."""
 
 from __future__ import annotations
@@ -79,6 +80,27 @@ def test_decode_real_profile_prints_where_one_engines_time_goes(tiny_run, tmp_pa
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert "=== ours int8, 5 lines of" in result.stdout and "Self CPU time total" in result.stdout
     assert re.search(r"decoder steps \d+, computed row-steps [\d,]+, useful [\d,]+", result.stdout)
+
+
+@pytest.mark.slow
+def test_decode_batch_smoke_sweeps_the_batch_and_the_compaction_share(tiny_run, tmp_path):
+    """benchmarks/decode_batch.py times the default decoding batch and the others in turns, with what each pass
+    computed and how many lines equal the default's; a batch's size does not change the translations here."""
+    source, reference = tiny_run.files("test")
+    markdown = tmp_path / "BENCHMARKS.md"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_batch.py"), "--smoke", "--run-dir",
+                             str(tiny_run.run_dir), "--src", str(source), "--ref", str(reference), "--max-tokens", "60",
+                             "--shares", "1.5", "--write", str(markdown)], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(tmp_path)})
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    section = markdown.read_text(encoding="utf-8").split("## Decoding batch\n", 1)[1]
+    rows = re.findall(r"^\| (\d+) \| ([\d.]+) \| [\d.]+ \| [\d.]+ \| [\d.]+–[\d.]+ \| ([\d,]+) \| ([\d,]+) \| [\d.]+ \| "
+                      r"[\d.]+ \| (\d+) / 20 \|$", section, re.M)
+    assert [row[:2] for row in rows] == [("8000", "0.25"), ("60", "0.25"), ("8000", "1.5")]
+    default, small, kept = rows
+    assert int(small[2].replace(",", "")) > int(default[2].replace(",", ""))  # more batches, more decoder steps
+    assert int(kept[3].replace(",", "")) > int(default[3].replace(",", ""))  # no compaction: more row-steps
+    assert all(row[4] == "20" for row in rows)
 
 
 @pytest.mark.slow
