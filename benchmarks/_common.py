@@ -210,6 +210,12 @@ def parser(doc: str, *, repeats_what: str) -> argparse.ArgumentParser:
     return p
 
 
+def check_heading(parser: argparse.ArgumentParser, heading: str | None) -> None:
+    """--heading must be a Markdown section heading (write_section finds the section by it)."""
+    if heading is not None and not heading.startswith("## "):
+        parser.error(f"--heading {heading!r}: give a Markdown section heading, '## ...'")
+
+
 def command_line(script: str) -> str:
     """The command that is running, as a reader would type it: `python benchmarks/<script> <its arguments>`."""
     return shlex.join(["python", f"benchmarks/{script}", *sys.argv[1:]])
@@ -220,8 +226,7 @@ def parse(p: argparse.ArgumentParser) -> argparse.Namespace:
 
     The malloc settings are process-wide, so the peers measured in the same process get them too."""
     args = p.parse_args()
-    if args.heading is not None and not args.heading.startswith("## "):
-        p.error(f"--heading {args.heading!r}: give a Markdown section heading, '## ...'")
+    check_heading(p, args.heading)
     keep_freed_memory()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -14,14 +14,14 @@ outputs equal those of the default up to rounding; the table counts the lines th
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from _common import alternate, describe, load_average, load_remark, machine, median, table, versions, write_section
+from _common import (alternate, check_heading, command_line, describe, load_average, load_remark, machine, median,
+                     table, versions, write_section)
 from transformer import search as search_module
 from transformer.config import DecodeConfig
 from transformer.kernels import keep_freed_memory
@@ -74,6 +74,7 @@ def run(args) -> str:
                  "pair")
     translator = Translator.load(args.run_dir, CPU)
     settings = settings_of(args, translator)
+    settings[0].translate(lines[:10])  # the weights packed once (shared by every setting), outside the timing
     load_before = load_average()
     times = alternate({s.name: (lambda s=s: s.translate(lines)) for s in settings}, device=CPU,
                       warmup=args.warmup, repeats=args.repeats)
@@ -94,7 +95,7 @@ def run(args) -> str:
         args.heading, "",
         ("**Smoke run**: the figures only show that every step runs. " if args.smoke else "")
         + f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {machine(CPU)}; {load_remark(load_before, load_after)}. "
-        f"{versions('sacrebleu')}. Command: `{shlex.join(['python', 'benchmarks/decode_batch.py', *sys.argv[1:]])}` "
+        f"{versions('sacrebleu')}. Command: `{command_line('decode_batch.py')}` "
         f"({args.warmup} warm-up + {args.repeats} timed passes per setting, in turns, medians).", "",
         f"Text: {args.src.name} ({len(lines)} lines). Model: `{args.run_dir}` (update "
         f"{translator.checkpoints[0].get('step')}), {describe(translator.model.config)}. Search: the run's own "
@@ -125,8 +126,7 @@ def main() -> None:
     parser.add_argument("--heading", default=HEADING, help=f"the section's heading (default '{HEADING}')")
     parser.add_argument("--smoke", action="store_true", help="20 lines, one timed pass, no warm-up (for tests)")
     args = parser.parse_args()
-    if not args.heading.startswith("## "):
-        parser.error(f"--heading {args.heading!r}: give a Markdown section heading, '## ...'")
+    check_heading(parser, args.heading)
     if args.smoke:
         args.lines, args.warmup, args.repeats = min(args.lines or 20, 20), 0, 1
     text = run(args)

@@ -98,8 +98,8 @@ from pathlib import Path
 
 import torch
 
-from _common import (ROOT, alternate, describe, load_average, load_remark, machine, median, print_profile, table,
-                     versions, write_section)
+from _common import (ROOT, alternate, check_heading, describe, load_average, load_remark, machine, median,
+                     print_profile, table, versions, write_section)
 from transformer import checkpoint as ckpt
 from transformer import ct2_export, hf
 from transformer.kernels import keep_freed_memory
@@ -480,8 +480,7 @@ def main() -> None:
     if args.smoke:
         args.lines = min(args.lines or SMOKE_LINES, SMOKE_LINES)
         args.threads, args.repeats = [1], 1
-    if not args.heading.startswith("## "):
-        parser.error(f"--heading {args.heading!r}: give a Markdown section heading, '## ...'")
+    check_heading(parser, args.heading)
     if args.profile:
         profile(args)
         return

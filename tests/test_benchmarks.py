@@ -122,3 +122,12 @@ def test_translate_corpus_smoke_times_both_searches_in_both_engines(tiny_run, tm
         for engine in ("ours", "CTranslate2 float32"):
             assert re.search(rf"^\| {search} \| {engine} \| [\d,.]+ \| [\d.]+ \| [\d.]+–[\d.]+ \| [\d.]+× \|", section,
                              re.M), (search, engine)
+
+
+@pytest.mark.parametrize("script,args", [("decode.py", []), ("decode_batch.py", ["--run-dir", "r", "--src", "s",
+                                                                                  "--ref", "t"])])
+def test_a_heading_that_is_not_a_section_is_refused_in_one_line(script, args):
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args, "--heading", "Decoding"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 2 and "give a Markdown section heading, '## ...'" in result.stderr.splitlines()[-1]

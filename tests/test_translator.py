@@ -71,6 +71,7 @@ def test_a_bf16_translator_copies_its_weights_once_not_per_call(tiny_run, capsys
 
     monkeypatch.setattr(translation, "bfloat16_copy", counted)
     first = [translator.translate([line])[0] for line in lines]
+    translator.with_decode(beam=2).translate(lines[:1])  # a copy with other settings shares the bf16 weights
     assert len(copies) == 1
     one_line_batches = ["decode.precision=bf16", "decode.max_tokens=1"]  # the same shapes, the same rounding
     assert first == translate_py([f"checkpoint={tiny_run.run_dir}", *one_line_batches], lines, capsys, monkeypatch)
@@ -78,8 +79,8 @@ def test_a_bf16_translator_copies_its_weights_once_not_per_call(tiny_run, capsys
 
 def test_an_int8_translator_quantises_its_weights_once_not_per_call(tiny_run, capsys, monkeypatch,
                                                                      one_torch_thread):
-    """The same for int8 (and oneDNN's packed weights): quantising per call would quantise the whole model
-    for every line of interactive mode (kernels.WeightCache)."""
+    """The same for int8: quantising per call would quantise the whole model for every line of interactive mode
+    (kernels.WeightCache; oneDNN's packed float32 weights are kept the same way, tests/test_kernels.py)."""
     if kernels.why_no_int8():
         pytest.skip(kernels.why_no_int8())
     lines = tiny_run_sources(tiny_run, 4)
@@ -94,6 +95,7 @@ def test_an_int8_translator_quantises_its_weights_once_not_per_call(tiny_run, ca
     first = [translator.translate([lines[0]])[0]]
     per_model = len(quantised)
     first += [translator.translate([line])[0] for line in lines[1:]]
+    translator.with_decode(beam=2).translate(lines[:1])  # a copy with other settings shares the int8 weights
     assert per_model > 0 and len(quantised) == per_model
     one_line_batches = ["decode.precision=int8", "decode.max_tokens=1"]
     assert first == translate_py([f"checkpoint={tiny_run.run_dir}", *one_line_batches], lines, capsys, monkeypatch)

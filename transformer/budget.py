@@ -124,8 +124,10 @@ class Budget:
             seconds = time.monotonic() - started
             if kind == "validation":
                 self.validations.append(seconds)
-            else:
+            elif kind == "save":
                 self.save = seconds
+            else:
+                raise ValueError(f"Budget.timing: unknown kind {kind!r}; give 'validation' or 'save'")
 
     def finish_cost(self, *, average_last: int, test_lines: int) -> float:
         """The end of the run: averaging reads `average_last` checkpoints and writes one (each about a

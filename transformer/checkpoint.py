@@ -62,10 +62,10 @@ class TrainState:
     stale: int = 0  # validations since the best one (train.patience)
     train_seconds: float = 0.0  # training time: updates only, validation and saving excluded (throughput)
     wall_seconds: float = 0.0  # the run's wall clock up to this checkpoint, all processes (train.max_time)
-    # The latest measured costs (transformer/budget.py), so that a resumed run prices its work from the start:
+    # The measured costs (transformer/budget.py), so that a resumed run prices its work from the start:
     update_seconds: float = 0.0  # the slowest recent update
-    validation_seconds: float = 0.0
-    save_seconds: float = 0.0
+    validation_seconds: float = 0.0  # the slowest recent validation
+    save_seconds: float = 0.0  # the latest checkpoint write
     decode_line_seconds: float = 0.0  # per line, at the latest BLEU validation
     train_tokens: int = 0  # target tokens trained on, all ranks together
     nonfinite: int = 0  # updates in a row skipped for a non-finite gradient norm (train.max_nonfinite)

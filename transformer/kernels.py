@@ -233,17 +233,18 @@ def int8_weights(cache: WeightCache | None = None):
 
 
 def _int8_linear(x: Tensor, weight: Tensor, bias: Tensor | None, packed: dict) -> Tensor:
-    """x @ weight^T + bias in int8, the weight quantised on first use in the block (`int8_weights`)."""
-    key = (id(weight), id(bias))  # the entry holds both tensors, so neither id is reused inside the block
+    """x @ weight^T + bias in int8, the weight quantised on first use in the block or the cache (`int8_weights`)."""
+    key = (id(weight), id(bias))  # the entry holds both tensors, so neither id is reused while it lives
+    made_from = (weight._version, weight.data_ptr()) + ((bias._version, bias.data_ptr()) if bias is not None else ())
     entry = packed.get(key)
-    if entry is None or entry[0] != (weight._version, weight.data_ptr()):
+    if entry is None or entry[0] != made_from:
         w = weight.detach().float()
         scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12).double()  # [O]: each output row its own scale
         with warnings.catch_warnings():  # torch 2.13 calls quantized tensors deprecated; its int8 GEMM needs one
             warnings.simplefilter("ignore", UserWarning)
             q = torch.quantize_per_channel(w, scales, torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8)
         params = torch.ops.quantized.linear_prepack(q, None if bias is None else bias.detach().float())
-        entry = packed[key] = ((weight._version, weight.data_ptr()), params, weight, bias)
+        entry = packed[key] = (made_from, params, weight, bias)
     return torch.ops.quantized.linear_dynamic(x, entry[1], _int8_reduce_range())
 
 

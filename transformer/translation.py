@@ -160,6 +160,14 @@ class Translation:
 
 
 @dataclass
+class _Prepared:
+    """What a Translator makes from its weights once, for every call and every `with_decode` copy."""
+
+    weights: kernels.WeightCache = field(default_factory=kernels.WeightCache)  # packed for oneDNN, or int8
+    bf16_model: Seq2Seq | None = None  # decode.precision=bf16: the bfloat16 copy
+
+
+@dataclass
 class Translator:
     """A model (or an ensemble) with its vocabulary, languages and search settings, ready to translate text.
     The Python API, and what translate.py and evaluate.py decode with:
@@ -171,8 +179,9 @@ class Translator:
         greedy = t.with_decode(beam=1, lenpen=0)         # the same model, other search settings
 
     Its weights must not change: it packs them for the CPU's kernels (or quantises them, decode.precision=int8;
-    or copies them to bfloat16) once, on first use, and keeps them for every call. To translate with changed
-    weights, load a new Translator.
+    or copies them to bfloat16) once, on first use, and keeps them for every call and every `with_decode` copy
+    (on CPUs where decoding uses oneDNN, the packed copy about doubles the weights' memory). To translate with
+    changed weights, load a new Translator.
     """
 
     model: Seq2Seq
@@ -182,9 +191,7 @@ class Translator:
     tgt_lang: str | None
     device: torch.device
     checkpoints: list[dict]  # what each checkpoint holds besides its weights (step, config, TrainState keys)
-    _bf16_model: Seq2Seq | None = field(default=None, init=False, repr=False)  # made once, on first use
-    # The weights packed for oneDNN, or quantised to int8, once for every call (kernels.WeightCache)
-    _weights: kernels.WeightCache = field(default_factory=kernels.WeightCache, init=False, repr=False)
+    _prepared: _Prepared = field(default_factory=lambda: _Prepared(), init=False, repr=False)
 
     @classmethod
     def load(cls, checkpoint, device: torch.device | str = "auto", *, decode: DecodeConfig | None = None,
@@ -252,7 +259,7 @@ class Translator:
         """The same model (shared, not copied, with its packed weights and bf16 copy) with some search settings
         replaced, e.g. `with_decode(beam=1)`."""
         other = dataclasses.replace(self, decode=_with_settings(self.decode, settings))
-        other._weights, other._bf16_model = self._weights, self._bf16_model
+        other._prepared = self._prepared
         return other
 
     def translate(self, texts: Sequence[str], *, progress: bool = False, source: str = "input",
@@ -278,9 +285,9 @@ class Translator:
         decode = self.decode if nbest is None else _with_settings(self.decode, {"nbest": nbest})
         model = self.model
         if decode.precision == "bf16":  # a copy made once, not per call (interactive mode calls per line)
-            if self._bf16_model is None:
-                self._bf16_model = bfloat16_copy(self.model)
-            model = self._bf16_model
+            if self._prepared.bf16_model is None:
+                self._prepared.bf16_model = bfloat16_copy(self.model)
+            model = self._prepared.bf16_model
         ids = self.vocab.encode([" ".join(t.split()) for t in texts])
         for index, row in enumerate(ids):
             if len(row) > decode.max_input_len:
@@ -290,7 +297,7 @@ class Translator:
         with tqdm(total=len(ids), desc="translating", unit="line", file=sys.stderr, disable=not progress,
                   mininterval=1.0) as bar:
             hyps = translate_ids(model, ids, decode, device=self.device, progress=bar, deadline=deadline,
-                                 first_id=first_line - 1, work=work, weights=self._weights)
+                                 first_id=first_line - 1, work=work, weights=self._prepared.weights)
         out = []
         for index, row in enumerate(hyps):
             # Byte-fallback pieces can spell a line break; one translation must stay one output line.
