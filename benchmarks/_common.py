@@ -195,6 +195,13 @@ def write_section(path: Path, heading: str, section: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+def publish(section: str, path: Path | None, heading: str) -> None:
+    """Print a benchmark's section, and replace its `heading` section of the Markdown file `path` if given."""
+    print(section)
+    if path:
+        write_section(path, heading, section)
+
+
 def parser(doc: str, *, repeats_what: str) -> argparse.ArgumentParser:
     """The options both speed benchmarks take; each script adds its own."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)

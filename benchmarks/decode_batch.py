@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from _common import (alternate, check_heading, command_line, describe, load_average, load_remark, machine, median,
-                     table, versions, write_section)
+                     publish, table, versions)
 from transformer import search as search_module
 from transformer.config import DecodeConfig
 from transformer.kernels import keep_freed_memory
@@ -129,10 +129,7 @@ def main() -> None:
     check_heading(parser, args.heading)
     if args.smoke:
         args.lines, args.warmup, args.repeats = min(args.lines or 20, 20), 0, 1
-    text = run(args)
-    print(text)
-    if args.write:
-        write_section(args.write, args.heading, text)
+    publish(run(args), args.write, args.heading)
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ from pathlib import Path
 import torch
 
 from _common import (ROOT, alternate, check_heading, describe, load_average, load_remark, machine, median,
-                     print_profile, table, versions, write_section)
+                     print_profile, publish, table, versions)
 from transformer import checkpoint as ckpt
 from transformer import ct2_export, hf
 from transformer.kernels import keep_freed_memory
@@ -484,10 +484,7 @@ def main() -> None:
     if args.profile:
         profile(args)
         return
-    text = run(args)
-    print(text)
-    if args.write:
-        write_section(args.write, args.heading, text)
+    publish(run(args), args.write, args.heading)
 
 
 if __name__ == "__main__":
