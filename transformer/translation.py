@@ -191,7 +191,7 @@ class Translator:
     tgt_lang: str | None
     device: torch.device
     checkpoints: list[dict]  # what each checkpoint holds besides its weights (step, config, TrainState keys)
-    _prepared: _Prepared = field(default_factory=lambda: _Prepared(), init=False, repr=False)
+    _prepared: _Prepared = field(default_factory=_Prepared, init=False, repr=False)
 
     @classmethod
     def load(cls, checkpoint, device: torch.device | str = "auto", *, decode: DecodeConfig | None = None,
