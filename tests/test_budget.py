@@ -80,10 +80,11 @@ def test_a_finished_max_time_run_started_again_prices_its_work_from_the_checkpoi
                                           "train.save_every_steps": 5, "train.valid_every_steps": 5}
     first = run(corpus, run_dir, changes)
     assert first["update_seconds"] > 0 and first["save_seconds"] > 0 and first["validation_seconds"] > 0
-    # costs are measured (the slowest recent update and validation), so the overrun is one step's jitter: a fraction
-    # of a second when idle, nearly 2 s on CI's loaded 2-core machine (9.95 s); pricing at 0, the bug guarded here,
-    # overruns by updates
-    assert first["wall_seconds"] <= 8 * 1.5
+    # Costs are measured (the slowest recent update, validation and save), so the overrun is one step's jitter: a
+    # fraction of a second when idle, nearly 2 s on CI's loaded 2-core machine (9.95 s), 5.2 s in a loaded suite on
+    # an AMD EPYC (7 s from the last validation's log line to the end: its attention figure and the save). The bug
+    # guarded here, a requeued run pricing its work at 0, is caught by the step count below.
+    assert first["wall_seconds"] <= 8 * 2
     again = run(corpus, run_dir, changes)
     assert again["step"] == first["step"]
 
