@@ -83,21 +83,25 @@ def test_decode_real_profile_prints_where_one_engines_time_goes(tiny_run, tmp_pa
 
 
 @pytest.mark.slow
-def test_decode_batch_smoke_sweeps_the_batch_and_the_compaction_share(tiny_run, tmp_path):
+def test_decode_batch_smoke_sweeps_the_batch_the_compaction_share_and_the_encoder_group(tiny_run, tmp_path):
     """benchmarks/decode_batch.py times the default decoding batch and the others in turns, with what each pass
-    computed and how many lines equal the default's; a batch's size does not change the translations here."""
+    computed and how many lines equal the default's; a batch's size does not change the translations here
+    (the 20 lines are one batch: groups of 4 sources are encoded apart, the whole batch as one)."""
     source, reference = tiny_run.files("test")
     markdown = tmp_path / "BENCHMARKS.md"
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_batch.py"), "--smoke", "--run-dir",
                              str(tiny_run.run_dir), "--src", str(source), "--ref", str(reference), "--max-tokens", "60",
-                             "--shares", "1.5", "--write", str(markdown)], cwd=ROOT, capture_output=True, text=True,
-                            timeout=300, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(tmp_path)})
+                             "--shares", "1.5", "--groups", "4", "0", "--write", str(markdown)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300,
+                            env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(tmp_path)})
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     section = markdown.read_text(encoding="utf-8").split("## Decoding batch\n", 1)[1]
-    rows = re.findall(r"^\| (\d+) \| ([\d.]+) \| [\d.]+ \| [\d.]+ \| [\d.]+–[\d.]+ \| ([\d,]+) \| ([\d,]+) \| [\d.]+ \| "
-                      r"[\d.]+ \| (\d+) / 20 \|$", section, re.M)
-    assert [row[:2] for row in rows] == [("8000", "0.25"), ("60", "0.25"), ("8000", "1.5")]
-    default, small, kept = rows
+    rows = re.findall(r"^\| (\d+) \| ([\d.]+) \| (\d+|whole batch) \| [\d.]+ \| [\d.]+ \| [\d.]+–[\d.]+ \| "
+                      r"([\d,]+) \| ([\d,]+) \| [\d.]+ \| [\d.]+ \| (\d+) / 20 \|$", section, re.M)
+    assert [row[:3] for row in rows] == [("8000", "0.25", "32"), ("60", "0.25", "32"), ("8000", "1.5", "32"),
+                                         ("8000", "0.25", "4"), ("8000", "0.25", "whole batch")]
+    rows = [(row[0], row[1], *row[3:]) for row in rows]
+    default, small, kept = rows[:3]
     assert int(small[2].replace(",", "")) > int(default[2].replace(",", ""))  # more batches, more decoder steps
     assert int(kept[3].replace(",", "")) > int(default[3].replace(",", ""))  # no compaction: more row-steps
     assert all(row[4] == "20" for row in rows)

@@ -11,6 +11,7 @@ from torch import nn
 from helpers import (BOS, EOS, PAD, TOL, VOCAB, assert_cached_decoding_matches_full_forward, padded, tiny_config,
                      tiny_model)
 from transformer.model import (
+    ENCODE_GROUP,
     DecoderCache,
     EncoderOut,
     SinusoidalPositions,
@@ -426,6 +427,39 @@ def test_what_lies_under_padding_does_not_change_outputs_at_real_positions():
     # targets: any token after a row's end
     garbage = torch.where(tgt_real, tgt_in, torch.randint(4, VOCAB, tgt_in.shape))
     assert (model(src, garbage)[tgt_real] - model(src, tgt_in)[tgt_real]).abs().max() <= TOL
+
+
+def test_search_encodes_a_big_batch_in_groups_of_similar_length_with_the_same_outputs(monkeypatch):
+    """In inference mode a batch of more than ENCODE_GROUP sources is encoded a group of similar lengths at a
+    time, each group as wide as its longest source: the outputs at real positions are the one-batch ones;
+    left-padded sources, which a cut would truncate, are encoded as one batch."""
+    model = tiny_model()
+    lengths = [1 + (7 * i) % 23 for i in range(3 * ENCODE_GROUP + 5)]  # 1..23 tokens, mixed order
+    src = padded(lengths, last=EOS)
+    real = src != PAD
+    with torch.no_grad():  # autograd's mode: one batch
+        whole = model.encode(src).out
+    shapes, encoder = [], model.encoder.forward  # [rows, width] of each call of the encoder stack
+
+    def recorded(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        shapes.append(tuple(x.shape[:2]))
+        return encoder(x, mask)
+
+    monkeypatch.setattr(model.encoder, "forward", recorded)
+    with torch.inference_mode():
+        grouped = model.encode(src).out
+    assert (grouped[real] - whole[real]).abs().max() <= TOL
+    assert [rows for rows, _ in shapes] == [ENCODE_GROUP] * 3 + [5]
+    assert [width for _, width in shapes] == sorted((width for _, width in shapes), reverse=True)
+    assert sum(rows * width for rows, width in shapes) < 0.7 * src.numel()  # padding not encoded
+
+    left = torch.stack([row.roll(int((row == PAD).sum())) for row in src])  # the same rows, padding first
+    with torch.no_grad():
+        expected = model.encode(left).out
+    shapes.clear()
+    with torch.inference_mode():
+        out = model.encode(left).out
+    assert shapes == [tuple(left.shape)] and (out[left != PAD] - expected[left != PAD]).abs().max() <= TOL
 
 
 def test_all_padding_source_row_raises_instead_of_nan():

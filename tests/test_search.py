@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from helpers import SMALL, tiny_model
+from transformer import model as model_module
 from transformer.search import (Ensemble, SearchWork, Seq2Seq, beam_search, greedy_search, length_penalty,
                                 sample_search)
 
@@ -295,6 +296,19 @@ def test_compacting_search_equals_the_loop_that_keeps_every_row(search, step, ti
     assert (compact_work.open, compact_work.useful, compact_work.steps, sorted(compact_work.sentence_steps)) == (
         kept_work.open, kept_work.useful, kept_work.steps, sorted(kept_work.sentence_steps))
     assert compact_work.useful <= compact_work.open <= compact_work.computed
+
+
+@pytest.mark.parametrize("search", ["beam exact", "greedy"])
+def test_encoding_in_groups_changes_no_search_result(search, tiny_run, one_torch_thread, monkeypatch):
+    """The 100 test sources, encoded by the search in groups of similar length (model.ENCODE_GROUP) and as one
+    padded batch: the same hypotheses, scores equal to rounding."""
+    model, src = trained_batches(tiny_run, tiny_run.run_dir)
+    grouped = SEARCHES[search](model, src)
+    monkeypatch.setattr(model_module, "ENCODE_GROUP", src.shape[0])  # one group: the whole padded batch
+    whole = SEARCHES[search](model, src)
+    assert [[h.tokens for h in s] for s in grouped] == [[h.tokens for h in s] for s in whole]
+    for g, w in zip(itertools.chain(*grouped), itertools.chain(*whole)):
+        assert g.score == pytest.approx(w.score, abs=1e-5)
 
 
 def test_decoder_state_follows_beams_that_change_rank():
