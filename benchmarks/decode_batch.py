@@ -6,8 +6,8 @@ share of a batch's sentences that must have finished before the batch drops them
     python benchmarks/decode_batch.py --run-dir RUN --src F.de --ref F.en --smoke     # every step on 20 lines
 
 Three sweeps around the defaults (max_tokens 8000, share 0.25, encoder groups of 32): each value of one
-setting with the others at their defaults (`--groups 0`: the whole batch as one group, the encoder before
-groups). Every setting translates the same text with the same weights and the run's own
+setting with the others at their defaults (`--groups 0`: the whole batch as one group, as the encoder ran
+before groups). Every setting translates the same text with the same weights and the run's own
 search (translate.py's path: `Translator.load(RUN).translate(lines)`), the settings taking turns (1 warm-up
 pass, then `--repeats` timed passes each; medians). A batch's size changes only the shapes the kernels see, so
 outputs equal those of the default up to rounding; the table counts the lines that are the same string.
