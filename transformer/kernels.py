@@ -216,8 +216,9 @@ def _int8_reduce_range() -> bool:
 def int8_weights(cache: WeightCache | None = None):
     """A block in which CPU linear maps without autograd are int8: each weight is quantised once a block (or
     once a `cache`), per output channel (symmetric, scale = max |w| / 127 of its row), into torch's packed int8
-    layout; each call quantises its input per tensor and multiplies in int8 (`torch.ops.quantized.linear_dynamic`), as CTranslate2's int8
-    does. Outputs are float32. Like `frozen_weights`, the weights must not change inside the block."""
+    layout; each call quantises its input per tensor and multiplies in int8
+    (`torch.ops.quantized.linear_dynamic`), as CTranslate2's int8 does. Outputs are float32. Like
+    `frozen_weights`, the weights must not change inside the block."""
     reason = why_no_int8()
     if reason:
         raise RuntimeError(reason)

@@ -121,6 +121,11 @@ def _embedding(vocab_size: int, d_model: int, pad_id: int) -> nn.Embedding:
 ENCODE_GROUP = 32  # sources a group when search encodes a batch (`Transformer._encode_in_groups`)
 
 
+def _right_padded(src_mask: Tensor) -> bool:
+    """Whether no real token follows padding in any row of src_mask [B, S] (one host sync)."""
+    return not bool((src_mask[:, 1:] & ~src_mask[:, :-1]).any())
+
+
 class EncoderOut(NamedTuple):
     out: Tensor  # [B, S, D]
     src_mask: Tensor  # [B, S] bool, True = real token
@@ -186,9 +191,11 @@ class Transformer(nn.Module):
                     f"(sentences end with EOS={self.config.eos_id})"
                 )
         if (torch.is_inference_mode_enabled() and src_tokens.shape[0] > ENCODE_GROUP
-                and not torch.compiler.is_compiling()):
-            return EncoderOut(out=self._encode_in_groups(src_tokens, src_mask), src_mask=src_mask)
-        return EncoderOut(out=self.encoder(self.embed(src_tokens), src_mask), src_mask=src_mask)
+                and not torch.compiler.is_compiling() and _right_padded(src_mask)):  # a cut keeps every token
+            out = self._encode_in_groups(src_tokens, src_mask)
+        else:
+            out = self.encoder(self.embed(src_tokens), src_mask)
+        return EncoderOut(out=out, src_mask=src_mask)
 
     def _encode_in_groups(self, src_tokens: Tensor, src_mask: Tensor) -> Tensor:
         """The encoder output [B, S, D] of right-padded sources, computed ENCODE_GROUP sources at a time in
@@ -200,8 +207,6 @@ class Transformer(nn.Module):
         lengths and is padded to its longest; 300 Multi30k test sources made two batches of 9,465 positions
         for 5,061 tokens, 5,691 in groups of 32 (docs/BENCHMARKS.md, "Encoding in groups").
         """
-        if bool((src_mask[:, 1:] & ~src_mask[:, :-1]).any()):  # a token after padding: not right-padded
-            return self.encoder(self.embed(src_tokens), src_mask)
         lengths = src_mask.sum(dim=1)
         order = lengths.argsort(descending=True, stable=True)
         widths = lengths[order].tolist()
