@@ -205,16 +205,22 @@ def disagreeing_checkpoints(tmp_path_factory) -> tuple[Path, Path]:
     return paths[0], paths[1]
 
 
+# Where tiny_run keeps its trained run across pytest sessions of one checkout: .ci/run's two steps (the suite,
+# then the tests of the extra) share one training. Unset, each session trains its own.
+TINY_RUN_DIR = "TRANSFORMER_TEST_TINY_RUN"
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> TinyRun:
     """Train the tiny reversal model once per test run, on two threads: nothing compares its weights with
     another run's (two threads were faster than one, even on a shared 2-core machine). Under
-    pytest-xdist the first worker to need it trains it while the others wait on a file lock.
-    `helpers.train_main` puts back what train.py sets for the whole process.
+    pytest-xdist the first worker to need it trains it while the others wait on a file lock; with
+    $TRANSFORMER_TEST_TINY_RUN set, later sessions read the run trained there. `helpers.train_main` puts back
+    what train.py sets for the whole process.
     """
     from filelock import FileLock
 
-    directory = session_directory(tmp_path_factory, "tiny_run")
+    directory = Path(os.environ.get(TINY_RUN_DIR) or session_directory(tmp_path_factory, "tiny_run"))
     directory.mkdir(parents=True, exist_ok=True)
     run_dir, done = directory / "run", directory / "trained"
     with FileLock(directory / "lock"):
