@@ -206,7 +206,8 @@ def disagreeing_checkpoints(tmp_path_factory) -> tuple[Path, Path]:
 
 
 # Where tiny_run keeps its trained run across pytest sessions of one checkout: .ci/run's two steps (the suite,
-# then the tests of the extra) share one training. Unset, each session trains its own.
+# then the tests of the extra) share one training. Unset, each session trains its own. Nothing checks that a
+# run trained there still matches the code: set it for the sessions of one checkout, as .ci/run does.
 TINY_RUN_DIR = "TRANSFORMER_TEST_TINY_RUN"
 
 
