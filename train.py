@@ -35,16 +35,13 @@ from transformer.config import TrainJob
 from transformer.kernels import keep_freed_memory
 from transformer.loss import label_smoothed_nll
 from transformer.model import Transformer, TransformerConfig
-from transformer.report import validation_attention_figure
 from transformer.schedule import make_optimizer, make_scheduler
 from transformer.agreement import agree, settle, start_fingerprint
 from transformer.run_record import EventWriter, log_window, print_summary, write_run_record
 from transformer.training import (Run, Start, StepOutcome, StopRequest, Window, compile_for_batches, dropout_seed,
                                   keep_best, mixed_precision, plan_update, resolve_precision, resolve_run_dir,
                                   resume_or_initialise, step_if_finite, user_error)
-from transformer.scoring import sacrebleu_scores
-from transformer.translation import DeadlinePassed, Translator
-from transformer.validation import corpus_nll, split_bleu, write_results
+from transformer.validation import run_metrics, score_test_split
 
 log = logging.getLogger("train")
 
@@ -180,34 +177,8 @@ def validate(run: Run) -> dict[str, float]:
     """Loss, NLL and perplexity of the validation split (all ranks), and BLEU of its first
     `train.valid_bleu_lines` lines (rank 0); updates best and stale on every rank, and best.pt."""
     with run.budget.timing("validation"):
-        metrics = _validate(run)
+        metrics = run_metrics(run)
     keep_best(run, metrics)
-    return metrics
-
-
-def _validate(run: Run) -> dict[str, float]:
-    t, valid, state = run.job.train, run.data.valid.dataset, run.state
-    metrics = corpus_nll(run.model, valid["src_ids"], valid["tgt_ids"], max_tokens=t.max_tokens, device=run.device,
-                         label_smoothing=t.label_smoothing, autocast=run.autocast, rank=run.dist.rank,
-                         world_size=run.dist.world_size)
-    if t.valid_bleu_lines > 0 and run.dist.is_main:
-        rows, decoding = valid.select(range(min(t.valid_bleu_lines, len(valid)))), time.monotonic()
-        scores, texts = split_bleu(run.model, run.data.vocab, rows["src_ids"], rows["tgt"], run.job.decode,
-                                   lang=run.job.data.tgt_lang, device=run.device)
-        metrics["bleu"] = next(s.score for s in scores if s.name == "BLEU")
-        run.budget.decode_line = (time.monotonic() - decoding) / len(rows)
-        samples = zip(rows["src"][: t.num_samples], texts, rows["tgt"][: t.num_samples])
-        run.writer.add_text("valid/samples", "\n\n".join(f"src: {s}  \nhyp: {h}  \nref: {r}"
-                                                         for s, h, r in samples), state.step)
-    log.info("validation at update %d | %s", state.step, " | ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
-    for key, value in metrics.items() if run.writer else ():
-        run.writer.add_scalar(f"valid/{key}", value, state.step)
-    if run.writer is not None:  # one forward pass of one sentence, rank 0
-        head = run.data.valid.dataset.select(range(min(100, len(run.data.valid.dataset))))
-        figure = validation_attention_figure(run.model, run.data.vocab, head["src_ids"], head["tgt_ids"],
-                                             step=state.step)
-        if figure is not None:
-            run.writer.add_figure("valid/attention", figure, state.step, close=False)
     return metrics
 
 
@@ -303,9 +274,8 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest, started: float) -
 
 
 def finish(run: Run, argv: list[str]) -> None:
-    """Average the last `train.average_last` numbered checkpoints; with train.test_at_end, translate the test
-    split with the averaged model and print sacreBLEU (unless that would overrun train.max_time); say where
-    everything is."""
+    """Average the last `train.average_last` numbered checkpoints; with train.test_at_end, score the averaged
+    model on the test split (`score_test_split`); say where everything is."""
     run_dir, job = run.run_dir, run.job
     steps = [s for s, _ in ckpt.list_numbered(run_dir)][-job.train.average_last:]
     if not steps:
@@ -317,25 +287,7 @@ def finish(run: Run, argv: list[str]) -> None:
     log.info("averaged the checkpoints of updates %s into %s", steps, ckpt.averaged_path(run_dir))
     if job.train.test_at_end:
         run.model.load_state_dict(averaged["model"])
-        test = run.data.test.dataset
-        log.info("translating the %d test sentences with beam %d", len(test), job.decode.beam)
-        # Text in, text out, as evaluate.py translates: the same checkpoint gives the same hypotheses there.
-        translator = Translator(model=run.model.eval(), vocab=run.data.vocab, decode=job.decode,
-                                src_lang=job.data.src_lang, tgt_lang=job.data.tgt_lang, device=run.device,
-                                checkpoints=[])
-        deadline = run.budget.deadline(job.train.max_time) if job.train.max_time else None
-        try:
-            texts = translator.translate(test["src"], deadline=deadline)
-        except DeadlinePassed as passed:
-            log.warning("no test BLEU: the test translation would overrun train.max_time=%gs (%s); score "
-                        "averaged.pt with evaluate.py (the next command below)", job.train.max_time, passed)
-        else:
-            scores = sacrebleu_scores(texts, test["tgt"], lang=job.data.tgt_lang)
-            write_results(run_dir / "eval" / "test", texts, {s.name: s.as_dict() for s in scores})
-            for score in scores:
-                print(score.line, flush=True)
-            for src, hyp, ref in list(zip(test["src"], texts, test["tgt"]))[:3]:
-                log.info("example | src: %s | hyp: %s | ref: %s", src, hyp, ref)
+        score_test_split(run)
     print_summary(job, argv)
 
 
