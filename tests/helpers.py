@@ -128,6 +128,39 @@ def run(corpus: Corpus, run_dir: Path, changes: dict | None = None) -> dict:
     return ckpt.load(ckpt.last_path(run_dir))
 
 
+class FakeClock:
+    """A time.monotonic() that stands still until the run does work: each update, validation and checkpoint
+    write moves it on by a fixed number of seconds (`costs`). A train.max_time run on it decides as it would on
+    a machine whose work always took exactly those times, whatever this machine's speed or load."""
+
+    def __init__(self, *, update: float, validation: float, save: float, start: float = 1000.0):
+        self.now, self.costs = start, {"update": update, "validation": validation, "save": save}
+
+    def __call__(self) -> float:
+        return self.now
+
+    def spend(self, kind: str) -> None:
+        self.now += self.costs[kind]
+
+
+def run_on_fake_clock(clock: FakeClock, patch=setattr) -> None:
+    """Make train.py's runs in this process read `clock` (`patch`: monkeypatch.setattr in a test, setattr in
+    a child process): time.monotonic is replaced, and an update (at its `settle`), a validation (its
+    metrics) and a checkpoint write each spend their cost on the clock before they run."""
+    import time
+
+    def spending(kind, function):
+        def spend_then_run(*args, **kwargs):
+            clock.spend(kind)
+            return function(*args, **kwargs)
+        return spend_then_run
+
+    patch(time, "monotonic", clock)
+    patch(train, "settle", spending("update", train.settle))
+    patch(train, "run_metrics", spending("validation", train.run_metrics))
+    patch(ckpt, "save", spending("save", ckpt.save))
+
+
 def subprocess_env(*, buffered: bool = False, **extra: str) -> dict:
     """This environment for a child process: offline, one thread, no torchrun variables, `extra` added; stdout
     unbuffered unless `buffered` (as a user's is: what a test of flushing needs, since CI sets

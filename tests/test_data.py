@@ -438,7 +438,7 @@ def test_unreachable_hub_fails_fast_with_one_line(tmp_path):
     with pytest.raises(DataError) as error:
         prepare(data_cfg(dataset="wmt/wmt14", subset="de-en"), tmp_path / "run", seed=1, log=lambda m: None)
     assert one_line(error) == corpus.HUB_UNREACHABLE
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 60  # a hang guard: offline, the hub is not waited on (its retries take minutes)
 
 
 def test_vocabulary_too_large_for_the_corpus_is_a_one_line_error():

@@ -1,0 +1,102 @@
+"""The test suite under the conditions that break tests which lean on a machine's speed or on what its kernels
+happen to compute: one thread, two threads, and a CPU hog on one core beside each. Not part of CI.
+
+    python tools/stress_suite.py                       # the four runs, the whole suite each
+    python tools/stress_suite.py --runs 3 -- -m "not slow"
+    python tools/stress_suite.py --only hog-1thread -- tests/test_budget.py
+
+Each run is the README's test command (`python -m pytest -q tests`, its workers as pyproject.toml sets them) with
+OMP_NUM_THREADS and MKL_NUM_THREADS set to the run's thread count; a hog run also starts one process that spins
+on core 0 (sched_setaffinity) for as long as the suite runs. A test that passes idle and fails here asserts
+something the code does not guarantee: a time, or an output that a briefly trained model happens to produce.
+
+The table at the end: condition, run, passed, failed, skipped, seconds, and the names of the failed tests;
+`--json` writes it too. The exit status is 1 if any run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONDITIONS = {  # name: (threads, hog)
+    "1thread": (1, False),
+    "2threads": (2, False),
+    "hog-1thread": (1, True),
+    "hog-2threads": (2, True),
+}
+
+
+def spin(core: int) -> None:
+    """A CPU hog: busy work on one core until killed."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {core})
+    x = 0
+    while True:
+        x = (x * 1103515245 + 12345) % 2**31
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def run_suite(threads: int, hog: bool, pytest_args: list[str]) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    hogger = multiprocessing.Process(target=spin, args=(0,), daemon=True) if hog else None
+    if hogger:
+        hogger.start()
+    started = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args],
+                              cwd=ROOT, env=env, capture_output=True, text=True)
+    finally:
+        if hogger:
+            hogger.kill()
+            hogger.join()
+    seconds = time.monotonic() - started
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|error)", summary)}
+    return {"passed": counts.get("passed", 0), "failed": counts.get("failed", 0) + counts.get("error", 0),
+            "skipped": counts.get("skipped", 0), "seconds": round(seconds),
+            "failures": re.findall(r"^(?:FAILED|ERROR) (\S+)", done.stdout, re.M), "exit": done.returncode}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=1, help="runs of each condition")
+    parser.add_argument("--only", choices=sorted(CONDITIONS), action="append", help="conditions to run (default: all)")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("pytest_args", nargs="*", default=["tests"], help="after --: pytest's arguments")
+    args = parser.parse_args()
+    print(f"{cpu_name()}, {os.cpu_count()} cores; pytest {' '.join(args.pytest_args)}", flush=True)
+    rows = []
+    for name in args.only or CONDITIONS:
+        threads, hog = CONDITIONS[name]
+        for number in range(1, args.runs + 1):
+            row = {"condition": name, "run": number, **run_suite(threads, hog, args.pytest_args)}
+            rows.append(row)
+            print(f"{name:13s} run {number}: {row['passed']} passed, {row['failed']} failed, {row['skipped']} "
+                  f"skipped in {row['seconds']} s {' '.join(row['failures'])}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"cpu": cpu_name(), "rows": rows}, indent=1))
+    return 1 if any(row["failed"] or row["exit"] not in (0, 5) for row in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
