@@ -25,16 +25,16 @@ from typing import Sequence, TextIO
 
 from omegaconf import DictConfig, ListConfig
 
-from transformer.alignment import Aligner, default_alignment_layer, format_alignment
+from transformer.evaluation.alignment import Aligner, default_alignment_layer, format_alignment
 from transformer.cli import ConfigError, compose_config, decode_request, hydra_app, setup_logging, to_job
 from transformer.config import TranslateJob
-from transformer.corpus_translation import Render, Shard, translate_file, translate_stream
+from transformer.decoding.corpus_translation import Render, Shard, translate_file, translate_stream
 from transformer.distributed import pick_device
 from transformer.kernels import keep_freed_memory
 from transformer.search import Ensemble
 from data.lines import arriving_lines, decode_line
 from transformer import checkpoint as ckpt
-from transformer.translation import Translation, Translator
+from transformer.decoding.translation import Translation, Translator
 
 log = logging.getLogger("translate")
 

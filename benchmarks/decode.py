@@ -36,7 +36,8 @@ import torch
 
 from _common import (alternate, describe, load_average, load_remark, machine, marian_model, median,
                      model_configs, ours_model, print_profile, random_tokens, table, versions, write_section)
-from transformer import ct2_export, kernels
+from transformer.interop import ct2_export
+from transformer import kernels
 from transformer.model import TransformerConfig
 from transformer.search import beam_search, greedy_search
 

@@ -54,7 +54,7 @@ has what the preset reaches).
 
 Sentences are deduplicated by their source, so held-out splits never occur in training::
 
-    python -m data.quickstart_corpus runs/quickstart/corpus       # writes train/valid/test .en/.de there
+    python -m quickstart.corpus runs/quickstart/corpus       # writes train/valid/test .en/.de there
 """
 
 from __future__ import annotations
@@ -1075,7 +1075,7 @@ def write_corpus(out_dir: Path, *, train: int = DEFAULT_SIZES["train"], valid: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m data.quickstart_corpus", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m quickstart.corpus", description=__doc__.split("\n")[0])
     parser.add_argument("out_dir", type=Path, help="directory for train/valid/test .en/.de")
     for split, size in DEFAULT_SIZES.items():
         parser.add_argument(f"--{split}", type=int, default=size, help=f"pairs in {split} [{size}]")

@@ -19,7 +19,7 @@ from transformer import kernels  # noqa: E402
 from transformer.config import DecodeConfig  # noqa: E402
 from transformer.loss import label_smoothed_nll  # noqa: E402
 from helpers import tiny_model  # noqa: E402
-from transformer.translation import translate_ids  # noqa: E402
+from transformer.decoding.translation import translate_ids  # noqa: E402
 
 
 def train_update(precision: str) -> dict[str, float]:

@@ -259,7 +259,7 @@ def run_overrides(data_overrides: list[str], run_dir: Path, steps: int) -> list[
 
 def prepare_corpus(workdir: Path) -> list[str]:
     """A generated corpus, its vocabulary and encoded cache (built in a child); the data overrides."""
-    from data.quickstart_corpus import write_corpus
+    from quickstart.corpus import write_corpus
 
     corpus = workdir / "corpus"
     write_corpus(corpus, train=300, valid=16, test=0, seed=1)

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
              *args.overrides], args.dry_run)
         run([sys.executable, "evaluate.py", f"checkpoint={run_dir}/checkpoints/last.pt", f"src={VALID}.en",
              f"ref={VALID}.de", "split=dev", "report=false"], args.dry_run)
-    run([sys.executable, "-m", "transformer.table3", str(out), "--set", "val", "--out", str(out / "table3.md")],
+    run([sys.executable, "-m", "transformer.evaluation.table3", str(out), "--set", "val", "--out", str(out / "table3.md")],
         args.dry_run)
     return 0
 

@@ -26,7 +26,7 @@ _check_data_package()
 
 def __getattr__(name: str):
     if name in __all__:
-        from transformer import translation
+        from transformer.decoding import translation
 
         return getattr(translation, name)
     raise AttributeError(f"module 'transformer' has no attribute {name!r}")

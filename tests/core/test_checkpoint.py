@@ -15,7 +15,7 @@ from transformer import checkpoint
 from data.errors import WriteError
 from data.files import link_or_copy
 from transformer.checkpoint import CheckpointError
-from transformer.schedule import make_optimizer, make_scheduler
+from transformer.training.schedule import make_optimizer, make_scheduler
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -122,7 +122,7 @@ def test_multirun_runs_one_job_per_value_each_in_its_own_run_dir(tmp_path):
 def test_precision_auto_is_bf16_only_on_gpus_with_native_bf16(monkeypatch):
     import torch
 
-    from transformer.training import resolve_precision
+    from transformer.training.run import resolve_precision
 
     assert job().train.precision == "auto" and job("experiment=paper_big_en_de").train.precision == "auto"
     assert resolve_precision("auto", torch.device("cpu")) == "fp32"

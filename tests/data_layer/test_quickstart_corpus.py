@@ -5,7 +5,7 @@ import re
 import pytest
 
 from data import quickstart_corpus
-from data.quickstart_corpus import ADJECTIVES, NOUNS, VERBS, generate, write_corpus
+from quickstart.corpus import ADJECTIVES, NOUNS, VERBS, generate, write_corpus
 
 N = 3000
 

@@ -18,9 +18,9 @@ from data.errors import DataError  # noqa: E402
 from data.vocab import train_vocab  # noqa: E402
 from helpers import Corpus, train_main  # noqa: E402
 from transformer import checkpoint as ckpt  # noqa: E402
-from transformer import finetune  # noqa: E402
+from transformer.training import finetune  # noqa: E402
 from transformer.cli import ConfigError, compose_config, to_job  # noqa: E402
-from transformer.run_record import print_summary  # noqa: E402
+from transformer.training.run_record import print_summary  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------- fine-tuning

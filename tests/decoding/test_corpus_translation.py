@@ -14,7 +14,7 @@ import pytest
 
 import translate
 from helpers import ROOT, run_translate, subprocess_env, user_error
-from transformer.corpus_translation import parts_dir
+from transformer.decoding.corpus_translation import parts_dir
 
 WORDS = ["the", "cat", "sees", "a", "dog", "small", "sleeps", "dogs", "see", "cats"]
 FAST = ["decode.max_len_b=4"]

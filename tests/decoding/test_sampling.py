@@ -13,7 +13,7 @@ from helpers import BOS, EOS, PAD, VOCAB, tiny_model
 from transformer.cli import compose_config, to_job
 from transformer.config import ConfigError, DecodeConfig
 from transformer.search import sample_search, sampling_distribution, sampling_uniforms
-from transformer.translation import translate_ids
+from transformer.decoding.translation import translate_ids
 
 SOURCE = torch.tensor([[5, 9, 17, 23, 8, EOS]])
 DRAWS = 6000
@@ -150,7 +150,7 @@ def test_the_sampling_preset_composes_and_bad_values_are_one_line_errors():
 
 
 def test_noise_deletes_and_fills_a_tenth_each_and_moves_no_word_more_than_three_places():
-    from transformer.noise import noisy
+    from transformer.decoding.noise import noisy
 
     words = [f"w{i}" for i in range(30)]
     deleted = filled = total = 0
@@ -168,7 +168,7 @@ def test_noise_deletes_and_fills_a_tenth_each_and_moves_no_word_more_than_three_
 
 
 def test_noise_shift_bound_on_a_sentence_without_deletions():
-    from transformer.noise import noisy
+    from transformer.decoding.noise import noisy
 
     words = [f"w{i}" for i in range(40)]
     for line in range(200):
@@ -181,8 +181,8 @@ def test_noise_shift_bound_on_a_sentence_without_deletions():
 
 
 def test_decode_noise_applies_to_the_translator_output_by_line_number(disagreeing_checkpoints, monkeypatch):
-    from transformer.noise import noisy
-    from transformer.translation import Translator
+    from transformer.decoding.noise import noisy
+    from transformer.decoding.translation import Translator
 
     plain = Translator.load(disagreeing_checkpoints[0], decode=DecodeConfig(max_len_a=0, max_len_b=12, min_len=8))
     noised = plain.with_decode(noise=True, seed=4)

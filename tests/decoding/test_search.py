@@ -250,7 +250,7 @@ def test_search_work_counts_rows_steps_and_cap_hits(compact):
 def trained_batches(tiny_run, checkpoint):
     """The tiny reversal model and its 100 test sources as one batch of mixed lengths (3-8 words, in file
     order), ends decided by the model itself."""
-    from transformer.translation import Translator, pad_rows
+    from transformer.decoding.translation import Translator, pad_rows
 
     translator = Translator.load(checkpoint, device="cpu")
     ids = translator.vocab.encode(tiny_run.files("test")[0].read_text(encoding="utf-8").splitlines())

@@ -24,7 +24,8 @@ if str(ROOT) not in sys.path:
 import translate  # noqa: E402
 from transformer import Translation, Translator  # noqa: E402
 from transformer.config import DecodeConfig  # noqa: E402
-from transformer import kernels, translation  # noqa: E402
+from transformer import kernels  # noqa: E402
+from transformer.decoding import translation  # noqa: E402
 from data.lines import arriving_lines  # noqa: E402
 from helpers import subprocess_env, tiny_run_sources, translate_py  # noqa: E402
 
@@ -114,9 +115,9 @@ def test_translator_refuses_unknown_settings_and_a_bare_string_in_one_line(tmp_p
 def test_importing_the_model_does_not_import_the_translator():
     """`from transformer import Translator` is lazy: transformer.model stays a light, self-contained import."""
     code = ("import sys, transformer.model\n"
-            "assert 'transformer.translation' not in sys.modules and 'hydra' not in sys.modules\n"
+            "assert 'transformer.decoding.translation' not in sys.modules and 'hydra' not in sys.modules\n"
             "from transformer import Translator, Translation\n"
-            "assert Translator.__module__ == 'transformer.translation'\n"
+            "assert Translator.__module__ == 'transformer.decoding.translation'\n"
             "import transformer\n"
             "try:\n    transformer.Nothing\nexcept AttributeError as e:\n    print(e)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

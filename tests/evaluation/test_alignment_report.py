@@ -25,9 +25,9 @@ if str(ROOT) not in sys.path:
 
 import evaluate  # noqa: E402
 import translate  # noqa: E402
-from transformer.alignment import cross_attention, recording_cross_attention, word_alignment  # noqa: E402
+from transformer.evaluation.alignment import cross_attention, recording_cross_attention, word_alignment  # noqa: E402
 from helpers import tiny_model, user_error  # noqa: E402
-from transformer.testsets import read_lines  # noqa: E402
+from transformer.evaluation.testsets import read_lines  # noqa: E402
 
 ALIGNED = re.compile(r"(.*) \|\|\| ((?:\d+-\d+(?: \d+-\d+)*)?)")
 
@@ -162,7 +162,7 @@ def png_pixels(path: Path) -> np.ndarray:
 
 @pytest.mark.slow
 def test_report_has_its_figures_as_non_blank_pngs_and_decodes_once(tiny_run, tmp_path, capsys, monkeypatch):
-    from transformer.translation import Translator
+    from transformer.decoding.translation import Translator
 
     calls = []
     translate_once = Translator.translate
@@ -199,7 +199,7 @@ def test_report_is_off_for_a_loose_checkpoint_and_on_request_needs_an_out_direct
 def test_learning_curves_of_a_long_run_are_downsampled_and_timed_by_the_update_clock(tmp_path):
     from torch.utils.tensorboard import SummaryWriter
 
-    from transformer.report import MAX_POINTS, downsample, learning_curves_figure, read_scalars, training_hours
+    from transformer.evaluation.report import MAX_POINTS, downsample, learning_curves_figure, read_scalars, training_hours
 
     writer = SummaryWriter(str(tmp_path))
     for step in range(100, 300_001, 100):  # a 300k-update run logging every 100 updates
@@ -219,7 +219,7 @@ def test_learning_curves_of_a_resumed_run_keep_the_updates_of_the_run_that_went_
 
     from torch.utils.tensorboard import SummaryWriter
 
-    from transformer.report import read_scalars
+    from transformer.evaluation.report import read_scalars
 
     first = SummaryWriter(str(tmp_path))
     for step in range(100, 1001, 100):
@@ -258,7 +258,7 @@ def test_report_says_why_it_has_no_attention_figure_when_every_translation_is_em
                                                                                    monkeypatch):
     """A model too early in training translates every sentence as nothing: the section keeps its heading and
     says why it has no figure, instead of a caption over nothing."""
-    from transformer.translation import Translator
+    from transformer.decoding.translation import Translator
 
     monkeypatch.setattr(Translator, "translate", lambda self, texts, **_: [""] * len(texts))
     src, ref = tiny_run.files("test")

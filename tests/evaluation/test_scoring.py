@@ -1,4 +1,4 @@
-"""transformer.scoring against independent computations: sacreBLEU's own CLI, the published figures of two
+"""transformer.evaluation.scoring against independent computations: sacreBLEU's own CLI, the published figures of two
 real systems, perl's semantics for get_ende_bleu.sh's steps, and sacreBLEU's own test-set cache."""
 
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import sacrebleu
 
-from transformer.scoring import (
+from transformer.evaluation.scoring import (
     lc_bleu,
     lc_norm_tok,
     moses_compound_split,
@@ -18,8 +18,8 @@ from transformer.scoring import (
     tok_bleu,
     tokbleu_tokenize,
 )
-from transformer.tables import TABLE2_COLUMNS, TABLE3_COLUMNS, append_table_row, training_flops
-from transformer.testsets import load_testset, read_lines
+from transformer.evaluation.tables import TABLE2_COLUMNS, TABLE3_COLUMNS, append_table_row, training_flops
+from transformer.evaluation.testsets import load_testset, read_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = ["fairseq_wmt19_en_de", "opus-mt_eng-deu"]  # systems/SOURCES.md: FAIR WMT19, OPUS-MT
@@ -165,7 +165,7 @@ def test_filtered_wmt14_is_refused_for_the_full_set():
 @pytest.mark.slow
 def test_load_testset_reads_the_shared_cache_in_a_fresh_process(shared_data, tmp_path):
     # sacreBLEU reads $SACREBLEU when imported: the way evaluate.py meets it
-    script = ("import json, sys; from transformer.testsets import load_testset; "
+    script = ("import json, sys; from transformer.evaluation.testsets import load_testset; "
               "src, ref = load_testset('wmt14/full', 'en-de'); json.dump([src, ref], open(sys.argv[1], 'w'))")
     out = tmp_path / "lines.json"
     env = {**os.environ, "SACREBLEU": str(shared_data / "sacrebleu")}
@@ -180,7 +180,7 @@ def test_load_testset_reads_the_shared_cache_in_a_fresh_process(shared_data, tmp
 def test_load_testset_follows_sacrebleu_set_after_import(shared_data, monkeypatch, tmp_path):
     from sacrebleu.dataset import DATASETS
 
-    from transformer.testsets import _dataset
+    from transformer.evaluation.testsets import _dataset
 
     monkeypatch.setenv("SACREBLEU", str(tmp_path))  # a cache sacreBLEU did not see when imported
     assert Path(_dataset("wmt14/full")._outdir) == tmp_path / "wmt14/full"

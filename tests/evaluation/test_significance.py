@@ -19,7 +19,7 @@ if str(ROOT) not in sys.path:
 
 import evaluate  # noqa: E402
 from helpers import output_lines, run_evaluate, score_of, user_error  # noqa: E402
-from transformer.significance import paired_significance  # noqa: E402
+from transformer.evaluation.significance import paired_significance  # noqa: E402
 
 FAIR = "fairseq_wmt19_en_de.newstest2014.de"  # systems/SOURCES.md: BLEU 34.97, chrF2 63.75
 OPUS = "opus-mt_eng-deu.newstest2014.de"  # 29.03 (published as 29.0), chrF2 59.71

@@ -19,8 +19,8 @@ if str(ROOT) not in sys.path:
 import evaluate  # noqa: E402
 from helpers import run_evaluate, user_error  # noqa: E402
 from transformer import checkpoint as ckpt  # noqa: E402
-from transformer.testsets import read_lines  # noqa: E402
-from transformer.translation import Translator  # noqa: E402
+from transformer.evaluation.testsets import read_lines  # noqa: E402
+from transformer.decoding.translation import Translator  # noqa: E402
 
 LINES = 8  # test lines decoded per model: enough for scores that move between checkpoints, and fast
 

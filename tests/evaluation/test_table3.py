@@ -20,12 +20,14 @@ from helpers import assert_cached_decoding_matches_full_forward, padded, tiny_mo
 
 if str(ROOT) not in sys.path:  # evaluate.py, an entry script of the checkout
     sys.path.insert(0, str(ROOT))
-from transformer import cli, ct2_export, hf, table3
+from transformer import cli
+from transformer.interop import ct2_export, marian
+from transformer.evaluation import table3
 from transformer.cli import compose_config, to_job
 from transformer.config import ARCH_KEYS, ConfigError, EvaluateJob, ModelConfig, model_config_with_defaults
 from transformer.model import CrossAttention, LearnedPositions, SelfAttention, Transformer, TransformerConfig
 from transformer.search import beam_search, greedy_search
-from transformer.training import differences
+from transformer.training.run import differences
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -255,17 +257,17 @@ def test_checkpoints_and_run_configs_without_the_new_keys_load_as_the_model_they
 def test_marian_and_ctranslate2_exports_refuse_the_variants_naming_the_option(variant, option):
     config = TransformerConfig.base(vocab_size=100, **variant)
     for target in ("Hugging Face Marian", "CTranslate2"):
-        with pytest.raises(hf.InteropError) as error:
-            hf.refuse_table3_variants(config, target)
+        with pytest.raises(marian.InteropError) as error:
+            marian.refuse_table3_variants(config, target)
         assert str(error.value).startswith(f"{option} has no {target} equivalent") and "\n" not in str(error.value)
-    with pytest.raises(hf.InteropError, match=option):
-        hf.marian_config(config)
+    with pytest.raises(marian.InteropError, match=option):
+        marian.marian_config(config)
     with torch.device("meta"):
         model = Transformer(config)
-    with pytest.raises(hf.InteropError, match=option):
+    with pytest.raises(marian.InteropError, match=option):
         ct2_export.ctranslate2_spec(model, [], [])
-    hf.refuse_table3_variants(TransformerConfig.base(vocab_size=100, d_k=64), "CTranslate2")  # = d_model/h: fine
-    assert "model.d_k=null" in hf.train_overrides(TransformerConfig.base(vocab_size=100))  # Hydra's None
+    marian.refuse_table3_variants(TransformerConfig.base(vocab_size=100, d_k=64), "CTranslate2")  # = d_model/h: fine
+    assert "model.d_k=null" in marian.train_overrides(TransformerConfig.base(vocab_size=100))  # Hydra's None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -397,7 +399,7 @@ def test_a_mis_set_row_fails_the_check(tmp_path, monkeypatch):
 
 
 def test_evaluate_takes_d_k_d_v_and_positions_from_the_model_config_with_defaults_for_old_records():
-    from transformer import evaluation
+    from transformer.evaluation import steps as evaluation
 
     results = {"scores": {"BLEU": {"score": 24.0}, "tokBLEU": {"score": 25.1}}, "ppl": 5.2, "params": 56_000_000}
     new = {"model_config": {**dataclasses.asdict(TransformerConfig.base(d_k=16)), "positions": "learned"},

@@ -36,8 +36,8 @@ from transformer import checkpoint as ckpt  # noqa: E402
 from transformer import kernels  # noqa: E402
 from transformer.cli import main_with_user_errors  # noqa: E402
 from transformer.model import Transformer, TransformerConfig  # noqa: E402
-from transformer.scoring import sacrebleu_scores  # noqa: E402
-from transformer.testsets import read_lines  # noqa: E402
+from transformer.evaluation.scoring import sacrebleu_scores  # noqa: E402
+from transformer.evaluation.testsets import read_lines  # noqa: E402
 from helpers import (DISAGREEING_SOURCES, SMALL, output_lines, run_evaluate, run_translate, score_of,  # noqa: E402
                      tiny_model, user_error)
 

@@ -648,7 +648,7 @@ def render_table(ws: Workspace) -> str:
 
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as directory:
-        from data.quickstart_corpus import write_corpus
+        from quickstart.corpus import write_corpus
 
         corpus = Corpus(Path(directory) / "corpus")
         write_corpus(corpus.directory / "corpus", train=300, valid=16, test=0, seed=1)

@@ -162,7 +162,7 @@ def workspace(tmp_path_factory) -> Path:
     """A directory where `runs/quickstart` is a one-update, d_model=16 run on a small sample of the
     quickstart's generated corpus (its files where the quickstart writes them), as the README's commands
     expect."""
-    from data.quickstart_corpus import write_corpus
+    from quickstart.corpus import write_corpus
 
     work = tmp_path_factory.mktemp("docs")
     run_dir = work / "runs" / "quickstart"

@@ -11,9 +11,9 @@ import torch
 
 from helpers import VOCAB, run, tiny_model
 from transformer import checkpoint as ckpt
-from transformer.budget import Budget, Costs, another_update_fits, process_age
+from transformer.training.budget import Budget, Costs, another_update_fits, process_age
 from transformer.config import DecodeConfig
-from transformer.translation import DeadlinePassed, translate_ids
+from transformer.decoding.translation import DeadlinePassed, translate_ids
 
 
 def test_another_update_fits_only_with_room_for_it_a_validation_the_last_save_and_the_end():

@@ -1,7 +1,7 @@
 """train.compile=true with variable-length batches: dynamo must not compile a graph per batch shape.
 
 Token batching gives every pass its own (B, S, T); a graph specialised to each would recompile every pass
-(and after `torch._dynamo.config.recompile_limit` fall back to eager). `transformer.training.compile_for_batches` marks the
+(and after `torch._dynamo.config.recompile_limit` fall back to eager). `transformer.training.run.compile_for_batches` marks the
 sizes dynamic. The graphs are counted with a backend that records each graph dynamo hands it and runs it
 eagerly, so the test measures dynamo's decisions without paying for inductor's code generation.
 """
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from transformer.training import compile_for_batches  # noqa: E402
+from transformer.training.run import compile_for_batches  # noqa: E402
 from transformer.loss import label_smoothed_nll  # noqa: E402
 from transformer.model import Transformer  # noqa: E402
 import helpers  # noqa: E402

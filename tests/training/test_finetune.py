@@ -27,7 +27,7 @@ from helpers import (  # noqa: E402
     PIECES, SMALL, Corpus, assert_training_states_equal, subprocess_env, tensorboard_scalars, tiny_model,
     train_main)
 from transformer import checkpoint as ckpt  # noqa: E402
-from transformer import finetune  # noqa: E402
+from transformer.training import finetune  # noqa: E402
 from transformer.checkpoint import CheckpointError  # noqa: E402
 from transformer.cli import ConfigError, compose_config  # noqa: E402
 from transformer.model import Transformer, TransformerConfig  # noqa: E402
@@ -67,7 +67,7 @@ class Setup:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory) -> Setup:
     """A parent trained for 80 updates; a new-domain corpus (another sample); a reversed-target corpus."""
-    from data.quickstart_corpus import write_corpus
+    from quickstart.corpus import write_corpus
 
     directory = tmp_path_factory.mktemp("finetune")
     corpus = Corpus(directory)

@@ -23,9 +23,9 @@ from helpers import train_main  # noqa: E402
 from transformer import checkpoint as ckpt  # noqa: E402
 from transformer.cli import ConfigError, compose_config, to_job  # noqa: E402
 from transformer.config import DataConfig  # noqa: E402
-from transformer.run_record import provenance  # noqa: E402
-from transformer.training import default_run_name, resolve_run_dir  # noqa: E402
-from transformer.validation import write_results  # noqa: E402
+from transformer.training.run_record import provenance  # noqa: E402
+from transformer.training.run import default_run_name, resolve_run_dir  # noqa: E402
+from transformer.evaluation.measures import write_results  # noqa: E402
 
 
 # --------------------------------------------------------------------------------- run directories

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from transformer.schedule import make_optimizer, make_scheduler, noam_lambda
+from transformer.training.schedule import make_optimizer, make_scheduler, noam_lambda
 
 
 def _noam(n, d_model, warmup, scale):

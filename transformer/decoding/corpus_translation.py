@@ -37,7 +37,7 @@ from tqdm import tqdm
 from data.errors import ConfigError
 from data.files import atomic_write
 from data.lines import chunks, count_lines, decode_line
-from transformer.translation import Translation, Translator
+from transformer.decoding.translation import Translation, Translator
 
 log = logging.getLogger(__name__)
 

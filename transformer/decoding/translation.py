@@ -29,7 +29,7 @@ from data.vocab import MarianVocab, Vocab, load_vocab
 from transformer import checkpoint as ckpt
 from transformer import distributed, kernels
 from transformer.config import ConfigError, DecodeConfig
-from transformer.noise import noisy
+from transformer.decoding.noise import noisy
 from transformer.search import Ensemble, Hypothesis, SearchWork, Seq2Seq, beam_search, greedy_search, sample_search
 
 log = logging.getLogger(__name__)

@@ -25,9 +25,9 @@ from matplotlib.figure import Figure
 from sacrebleu.metrics import BLEU, CHRF
 
 from data.files import atomic_write
-from transformer.alignment import cross_attention
+from transformer.evaluation.alignment import cross_attention
 from transformer.model import Transformer
-from transformer.tables import table_markdown
+from transformer.evaluation.tables import table_markdown
 
 MAX_POINTS = 1000  # curves longer than this are averaged into this many bins (a 300k-update run logs 3000+ points)
 MAX_PIECES = 40  # attention figures show sentences of at most this many pieces a side (readable labels)

@@ -30,7 +30,7 @@ from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
 
 from data.files import atomic_write
-from transformer.scoring import sacrebleu_scores
+from transformer.evaluation.scoring import sacrebleu_scores
 
 __all__ = ["TESTS", "SystemResult", "Significance", "paired_significance"]
 

@@ -19,10 +19,10 @@ from data.errors import ConfigError
 from transformer import checkpoint as ckpt
 from transformer.checkpoint import TrainState
 from transformer.config import EvaluateJob, model_config_with_defaults
-from transformer.scoring import Score, lc_bleu, sacrebleu_scores
-from transformer.tables import training_flops
-from transformer.testsets import load_testset, read_lines, testset_langpairs
-from transformer.validation import corpus_nll
+from transformer.evaluation.scoring import Score, lc_bleu, sacrebleu_scores
+from transformer.evaluation.tables import training_flops
+from transformer.evaluation.testsets import load_testset, read_lines, testset_langpairs
+from transformer.evaluation.measures import corpus_nll
 
 log = logging.getLogger("evaluate")
 

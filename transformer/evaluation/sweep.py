@@ -36,8 +36,8 @@ import torch
 from data.files import atomic_write
 from transformer import checkpoint as ckpt
 from transformer.config import ConfigError, DecodeConfig
-from transformer.scoring import sacrebleu_scores
-from transformer.translation import Translator
+from transformer.evaluation.scoring import sacrebleu_scores
+from transformer.decoding.translation import Translator
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from data.vocab import MarianVocab, Vocab
-from transformer.hf import MAX_POSITIONS, InteropError, refuse_table3_variants
+from transformer.interop.marian import MAX_POSITIONS, InteropError, refuse_table3_variants
 from transformer.model import Transformer, sinusoids
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")

@@ -1,9 +1,6 @@
-"""Hugging Face Marian and CTranslate2 interop: import OPUS-MT / Marian models, export ours.
+"""Hugging Face Marian: import OPUS-MT / Marian models, export ours (the command line is transformer/hf.py).
 
-    python -m transformer.hf import SRC RUN_DIR [--src-lang en --tgt-lang is]
-    python -m transformer.hf export CHECKPOINT_OR_RUN_DIR OUT_DIR [--ctranslate2 DIR [--quantization int8]]
-
-`import`: SRC is a directory as `transformers` writes a `MarianMTModel` (config.json, weights, source.spm,
+`import_marian`: SRC is a directory as `transformers` writes a `MarianMTModel` (config.json, weights, source.spm,
 target.spm, vocab.json, tokenizer config). RUN_DIR becomes a run directory of ours: `checkpoints/imported.pt`
 (weights, config, vocabulary) and `spm.model` (the vocabulary), which translate.py, evaluate.py and
 `train.py init_from=RUN_DIR` read like any other. The model is the same function: what Marian does
@@ -15,19 +12,17 @@ tied softmax are all invariant to it). Token ids are carried as Marian numbers t
 PAD=<pad>'s id, the decoder starting with PAD) in a Marian vocabulary (data/vocab.py `MarianVocab`).
 What cannot be represented exactly is refused with one line naming it.
 
-`export`: a post-norm model of ours (any vocabulary kind) as a `MarianMTModel` directory that
+`export_marian`: a post-norm model of ours (any vocabulary kind) as a `MarianMTModel` directory that
 `MarianMTModel.from_pretrained` and `MarianTokenizer.from_pretrained` load, the inverse mapping of
-`import` (so import(export(x)) has x's weights bit for bit). `--ctranslate2 DIR` also writes a
-CTranslate2 model (transformer/ct2_export.py). A pre-norm model is refused: HF's Marian is post-norm only.
+`import_marian` (so import(export(x)) has x's weights bit for bit). The CTranslate2 model is
+transformer/interop/ct2_export.py's. A pre-norm model is refused: HF's Marian is post-norm only.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
-import sys
 import tempfile
 from pathlib import Path
 
@@ -444,55 +439,3 @@ def export_marian(model: Transformer, vocab: Vocab | MarianVocab, out_dir: str |
                                     **_tokenizer_files(vocab, Path(tmp)))
         tokenizer.save_pretrained(str(out_dir))
     return out_dir
-
-
-# ------------------------------------------------------------------------------------------ command line
-
-
-def main(argv: list[str] | None = None) -> int:
-    from transformer.ct2_export import QUANTIZATIONS, export_ctranslate2  # it imports this module
-
-    parser = argparse.ArgumentParser(prog="python -m transformer.hf", description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    imp = commands.add_parser("import", help="a MarianMTModel (OPUS-MT) directory -> a run directory of ours")
-    imp.add_argument("src", help="the directory MarianMTModel/MarianTokenizer.save_pretrained wrote")
-    imp.add_argument("run_dir", help="the run directory to create")
-    imp.add_argument("--src-lang", help="source language code (default: the tokenizer config's, if any)")
-    imp.add_argument("--tgt-lang", help="target language code (default: the tokenizer config's, if any)")
-    exp = commands.add_parser("export", help="a checkpoint or run directory -> a MarianMTModel directory")
-    exp.add_argument("checkpoint", help="a run directory or a .pt file")
-    exp.add_argument("out_dir", help="the Hugging Face directory to write")
-    exp.add_argument("--ctranslate2", metavar="DIR", help="also write a CTranslate2 model to DIR")
-    exp.add_argument("--quantization", choices=QUANTIZATIONS, help="CTranslate2 weight type (default float32)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.disable_progress_bar()  # stderr keeps to our lines: an error is one line
-    transformers_logging.set_verbosity_error()
-    try:
-        if args.command == "import":
-            if Path(args.run_dir, "checkpoints").exists():
-                raise InteropError(f"{args.run_dir} already holds checkpoints: import into a new run directory")
-            path, config = import_marian(args.src, args.run_dir, src_lang=args.src_lang, tgt_lang=args.tgt_lang)
-            print(f"wrote {path}; translate: python translate.py checkpoint={args.run_dir}; fine-tune: python "
-                  f"train.py experiment=finetune init_from={args.run_dir} {train_overrides(config)} ...")
-        else:
-            if args.quantization and not args.ctranslate2:
-                raise InteropError("--quantization applies to the CTranslate2 model: give --ctranslate2 DIR too")
-            model, vocab, state = load_model(args.checkpoint)
-            data = (state.get("config") or {}).get("data") or {}
-            out = export_marian(model, vocab, args.out_dir, src_lang=data.get("src_lang"),
-                                tgt_lang=data.get("tgt_lang"))
-            print(f"wrote {out} (MarianMTModel, MarianTokenizer)")
-            if args.ctranslate2:
-                ct2 = export_ctranslate2(model, vocab, args.ctranslate2, quantization=args.quantization)
-                print(f"wrote {ct2} (CTranslate2, {args.quantization or 'float32'})")
-    except (InteropError, ckpt.CheckpointError, DataError) as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

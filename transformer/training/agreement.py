@@ -9,21 +9,16 @@ for the host in between (train.py's `train_step`).
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
 
 import torch
 
 from data.batching import BatchStream
 from data.vocab import Vocab
 from transformer import distributed
-from transformer.budget import Costs
+from transformer.training.budget import Costs
 from transformer.checkpoint import TrainState
 from transformer.config import TrainJob
-
-if TYPE_CHECKING:
-    from transformer.training import Run
 
 
 @dataclass(frozen=True)
@@ -34,7 +29,7 @@ class Clock:
 
     train_seconds: float = 0.0  # updates only (throughput, training hours)
     since_save: float = 0.0
-    wall_seconds: float = 0.0  # the run's wall clock, all its processes (train.max_time; transformer/budget.py)
+    wall_seconds: float = 0.0  # the run's wall clock, all its processes (train.max_time; transformer/training/budget.py)
     costs: Costs = Costs()  # rank 0's measured costs of an update, a validation, a save and the end of the run
 
 
@@ -64,35 +59,34 @@ class Settled:
     tokens: float  # target tokens of the update, all ranks
     stop: bool  # some rank received a stop signal: every rank stops after this update
     finite: bool  # the gradient norm was finite
+    clock: Clock  # rank 0's clocks at the start of the update
 
 
 
-def agree(run: Run, tokens: int, stop_requested: bool) -> Agreement:
+def agree(tokens: int, stop_requested: bool, reading: Clock | None, *, device: torch.device) -> Agreement:
     """The one collective of an update, before its backward passes: the target tokens of all ranks (the loss
-    divisor), the stop signals received, and rank 0's clocks and costs (`Clock`), summed over ranks. The host
-    reads it once, at the end of the update (`settle`), so that the device never waits for the host in between."""
+    divisor), the stop signals received, and rank 0's clocks and costs (`reading`: rank 0's own `Clock` now,
+    None on the other ranks), summed over ranks. The host reads it once, at the end of the update (`settle`),
+    so that the device never waits for the host in between."""
     values = dict.fromkeys(AGREED, 0.0)
     values.update(tokens=tokens, stops=float(stop_requested))
-    if run.dist.is_main:
-        t = run.job.train
-        costs = run.budget.costs(average_last=t.average_last,
-                                 test_lines=len(run.data.test.dataset) if t.test_at_end else 0)
-        values.update(train_seconds=run.state.train_seconds, since_save=time.monotonic() - run.last_save,
-                      wall_seconds=run.budget.spent(), **dataclasses.asdict(costs))
-    tensor = torch.tensor([values[key] for key in AGREED], dtype=torch.float64, device=run.device)
+    if reading is not None:
+        values.update(train_seconds=reading.train_seconds, since_save=reading.since_save,
+                      wall_seconds=reading.wall_seconds, **dataclasses.asdict(reading.costs))
+    tensor = torch.tensor([values[key] for key in AGREED], dtype=torch.float64, device=device)
     distributed.all_reduce_sum(tensor)
     return Agreement(tensor)
 
 
 
-def settle(run: Run, agreement: Agreement, finite: torch.Tensor) -> Settled:
-    """The update's one host sync: what `agree` summed and whether its gradient norm was finite; brings
-    every rank rank 0's `Clock`."""
+def settle(agreement: Agreement, finite: torch.Tensor) -> Settled:
+    """The update's one host sync: what `agree` summed and whether its gradient norm was finite, with rank 0's
+    `Clock` for every rank."""
     *summed, is_finite = torch.cat([agreement.summed, finite.double()[None]]).tolist()
     values = dict(zip(AGREED, summed))
-    run.clock = Clock(train_seconds=values["train_seconds"], since_save=values["since_save"],
-                      wall_seconds=values["wall_seconds"], costs=Costs(**{f.name: values[f.name] for f in fields(Costs)}))
-    return Settled(tokens=values["tokens"], stop=values["stops"] > 0, finite=is_finite > 0)
+    clock = Clock(train_seconds=values["train_seconds"], since_save=values["since_save"],
+                  wall_seconds=values["wall_seconds"], costs=Costs(**{f.name: values[f.name] for f in fields(Costs)}))
+    return Settled(tokens=values["tokens"], stop=values["stops"] > 0, finite=is_finite > 0, clock=clock)
 
 
 

@@ -1,15 +1,13 @@
-"""What train.py's procedure works with: where a run starts (`resume_or_initialise`), the update plan, the
-objects of a run (`Run`) and its checkpoints, stop signals, dropout seeds, precision, the throughput window.
-The ranks' agreement is transformer/agreement.py; the records a run leaves, transformer/run_record.py."""
+"""The live objects of a training run (`Run`, made by `build_run`) and its checkpoints, the rule that ends it
+(`stop_reason`), stop signals, precision and compilation. Where a run starts is transformer/training/start.py,
+one update transformer/training/update.py, the ranks' agreement agreement.py, the records a run leaves
+run_record.py."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
-import hashlib
 import logging
-import math
 import os
 import signal
 import time
@@ -17,21 +15,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from data.batching import BatchStream, Prefetcher
 from data.files import crash_point, link_or_copy
 from data.pipeline import Prepared
-from data.vocab import MarianVocab, Vocab, load_vocab
 from transformer import checkpoint as ckpt
 from transformer import distributed
-from transformer.budget import Budget
-from transformer.agreement import Clock
 from transformer.checkpoint import TrainState
-from transformer.config import ARCH_KEYS, DATA_KEYS, ConfigError, TrainJob, model_config_with_defaults
+from transformer.config import ConfigError, TrainJob
 from transformer.kernels import warn_if_emulated
-from transformer.model import Transformer
-from transformer.run_record import EventWriter
+from transformer.model import Transformer, TransformerConfig
+from transformer.training import finetune
+from transformer.training.agreement import Clock, start_fingerprint
+from transformer.training.budget import Budget, out_of_time
+from transformer.training.run_record import EventWriter
+from transformer.training.schedule import make_optimizer, make_scheduler
+from transformer.training.start import Start, plan_update
 
 log = logging.getLogger("train")
 
@@ -64,201 +63,6 @@ class StopRequest:
                     signal.Signals(signum).name)
 
 
-def dropout_seed(seed: int, update: int, slot: int) -> int:
-    """The RNG seed of one forward pass: a function of (seed, update, batch index within the update) only,
-    so the dropout masks do not depend on the world size and a resumed run draws the same ones."""
-    digest = hashlib.blake2b(f"{seed}/{update}/{slot}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
-
-
-# ---------------------------------------------------------------------------------- where the run starts
-
-
-def resolve_run_dir(job: TrainJob, cfg: DictConfig) -> Path:
-    """`run_dir`, or runs/<experiment or model>-<corpus>-<src>-<tgt> (`default_run_name`); a multirun job gets
-    `<that>/<job number>`."""
-    choices = cfg.get("choices", {})
-    base = Path(job.run_dir) if job.run_dir else Path("runs") / default_run_name(
-        choices.get("experiment") or choices.get("model") or "base", job.data)
-    return base / str(cfg.job_num) if cfg.get("job_num") is not None else base
-
-
-def default_run_name(recipe: str, data) -> str:
-    """`<recipe>-<corpus>-<src>-<tgt>`: the corpus is the dataset's name (its last path part: wmt/wmt14 →
-    wmt14) or the train_prefix's folder and file (corpus/train → corpus_train), so that two runs on different
-    data or language pairs never share, and resume, one directory."""
-    if data.dataset:
-        corpus = Path(str(data.dataset).rstrip("/")).name
-    else:
-        prefix = Path(str(data.train_prefix))
-        corpus = f"{prefix.parent.name}_{prefix.name}" if prefix.parent.name else prefix.name
-    name = f"{recipe}-{corpus}-{data.src_lang}-{data.tgt_lang}"
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
-
-
-def differences(saved: dict, current: dict, section: str, keys) -> list[str]:
-    return [f"{section}.{k}: {saved.get(k)!r} → {current.get(k)!r}" for k in keys if saved.get(k) != current.get(k)]
-
-
-def run_differences(saved: dict, config: dict) -> list[str]:
-    """The keys of a saved run's config (a checkpoint's, or run_dir/config.yaml) that make `config` another run:
-    the architecture, the data and its splits, the seed, and what the saved Adam state depends on."""
-    train_saved = {"freeze": [], "train_top_layers": None, **saved.get("train", {})}
-    diffs = (differences(model_config_with_defaults(saved.get("model", {})), config["model"], "model", ARCH_KEYS)
-             + differences(saved.get("data", {}), config["data"], "data", DATA_KEYS)
-             + differences(saved, config, "", ("seed",))
-             + differences(train_saved, config["train"], "train", ("max_tokens", "freeze", "train_top_layers")))
-    return [d.lstrip(".") for d in diffs]
-
-
-@dataclass
-class Start:
-    """What a run starts from: its own checkpoint (resume), another run's weights (init_from), or nothing;
-    and the vocabulary it must keep (None: prepare one from the corpus or data.spm_model)."""
-
-    resume: dict | None = None
-    resume_path: Path | None = None
-    init: dict | None = None
-    vocab: Vocab | MarianVocab | None = None
-
-
-def resume_or_initialise(job: TrainJob, run_dir: Path) -> Start:
-    """Resume the run in `run_dir` if it has a checkpoint (then init_from is ignored); else initialise from
-    `init_from` if set; and decide the vocabulary: the resumed run's, or init_from's with data.vocab=keep."""
-    config = dataclasses.asdict(job)
-    resume_path = ckpt.latest_resumable(run_dir)
-    if resume_path is not None:
-        state = ckpt.load(resume_path)
-        diffs = run_differences(state["config"], config)
-        if diffs:
-            raise ConfigError("run_dir holds a different run (" + "; ".join(diffs)
-                              + "): use another run_dir or the saved values")
-        if job.init_from:
-            log.warning("init_from=%s is ignored: resuming the run in %s", job.init_from, run_dir)
-        log.info("resuming from %s (update %d)", resume_path, state["step"])
-        return Start(resume=state, resume_path=resume_path, vocab=load_vocab(ckpt.spm_bytes(state)))
-    record = run_dir / "config.yaml"  # written before the first update: a run that has not saved a checkpoint yet
-    if record.is_file():
-        diffs = run_differences(OmegaConf.to_container(OmegaConf.load(record)), config)
-        if diffs:
-            raise ConfigError(f"run_dir holds another run that has no checkpoint yet ({'; '.join(diffs)}; see "
-                              f"{record}): use another run_dir, or delete {run_dir} to start it again")
-    if not job.init_from:
-        if job.train.freeze or job.train.train_top_layers is not None:
-            log.warning("freezing without init_from: the frozen weights stay at their random initialisation")
-        return Start()
-    init = ckpt.load(ckpt.resolve(job.init_from))
-    diffs = differences(model_config_with_defaults(init["model_config"]), config["model"], "model", ARCH_KEYS)
-    if diffs:
-        raise ConfigError(f"init_from={job.init_from} has another architecture ({'; '.join(diffs)}): "
-                          "drop those model.* overrides (the checkpoint's architecture is used without them)")
-    start = Start(init=init)
-    if job.data.vocab == "keep":
-        start.vocab = load_vocab(ckpt.spm_bytes(init))
-        if job.data.spm_model and load_vocab(job.data.spm_model).sha256 != start.vocab.sha256:
-            raise ConfigError(f"data.spm_model={job.data.spm_model} is not the vocabulary of init_from="
-                              f"{job.init_from}: set data.vocab=transfer to use it (shared pieces keep their "
-                              "embeddings) or data.spm_model=null to keep the checkpoint's")
-    return start
-
-
-# ------------------------------------------------------------------------------------- the update size
-
-MIN_TOKENS = 256  # the floor on a rank's tokens per forward pass that plan_update derives
-
-
-@dataclass(frozen=True)
-class UpdatePlan:
-    """How one update is made: `world_size` ranks × `update_freq` forward passes × `max_tokens` each."""
-
-    world_size: int
-    update_freq: int
-    max_tokens: int  # per rank and forward pass: the budget BatchStream fills (padded max(src, tgt) tokens)
-
-    @property
-    def tokens(self) -> int:
-        return self.world_size * self.update_freq * self.max_tokens
-
-
-def plan_update(*, tokens_per_update: int, world_size: int, max_tokens: int, update_freq: int | None = None,
-                saved: TrainState | None = None) -> tuple[UpdatePlan, str | None]:
-    """The update plan for `world_size` ranks, and a warning when it cannot be what was asked for.
-
-    Derived (`update_freq` None): the fewest forward passes that keep each rank within `max_tokens`,
-    `ceil(T / (W × max_tokens))`, each of `T / (W × update_freq)` tokens, so that the update holds T tokens
-    at any world size; never below min(max_tokens, MIN_TOKENS) per pass. Above T / MIN_TOKENS ranks (97 for
-    the paper's 25k) the floor holds and the update grows past T; more than 10 % past it (from 108 ranks) is
-    the warning. Given `update_freq`: `max_tokens` as it is.
-    Resumed (`saved`): the saved run's per-pass budget, so that its batches and data position stay valid,
-    with the passes that keep its update size at this world size.
-    """
-    if saved is not None:
-        total = saved.world_size * saved.update_freq
-        # The saved passes per update, spread over this world size; a train.update_freq other than the saved
-        # one is the user's own choice.
-        freq = update_freq if update_freq and update_freq != saved.update_freq else max(1, round(total / world_size))
-        plan = UpdatePlan(world_size, freq, saved.max_tokens or max_tokens)  # older checkpoints: max_tokens
-        if world_size * freq != total:
-            return plan, (f"world_size × update_freq changed ({saved.world_size}×{saved.update_freq} → "
-                          f"{world_size}×{freq}): the update holds {plan.tokens} tokens instead of "
-                          f"{total * plan.max_tokens}, and the batch sequence "
-                          "differs from the original run's")
-        return plan, None
-    if update_freq is not None:
-        return UpdatePlan(world_size, update_freq, max_tokens), None
-    freq = max(1, math.ceil(tokens_per_update / (world_size * max_tokens)))
-    plan = UpdatePlan(world_size, freq, max(min(max_tokens, MIN_TOKENS), tokens_per_update // (world_size * freq)))
-    if plan.tokens > 1.1 * tokens_per_update:
-        return plan, (f"{world_size} ranks × at least {plan.max_tokens} tokens per pass make an update of "
-                      f"{plan.tokens} tokens, {plan.tokens / tokens_per_update:.1f}× train.tokens_per_update="
-                      f"{tokens_per_update}, with the schedule unchanged: set train.tokens_per_update={plan.tokens} "
-                      "and scale the learning rate with train.lr_scale as large-batch recipes do (e.g. × the "
-                      "square root of the ratio, with a longer warmup), or train on fewer ranks")
-    return plan, None
-
-
-# ------------------------------------------------------------------------- decisions every rank shares
-
-
-class StepOutcome(enum.Enum):
-    """What `train.train_step` did."""
-
-    UPDATE = "update"  # one more update made
-    OVERFLOW = "overflow"  # fp16: the loss scale was lowered and the update is to be made again
-    STOP = "stop"  # a stop signal: the run saves and ends after this update
-
-
-def step_if_finite(optimizer: torch.optim.Optimizer, finite: torch.Tensor) -> None:
-    """optimizer.step() unless `finite` (a device bool) is False. Optimizers that take GradScaler's
-    `found_inf` (fused Adam) skip on the device, parameters and step counts alike, without waiting for the
-    host; others read `finite` on the host."""
-    if getattr(optimizer, "_step_supports_amp_scaling", False):
-        optimizer.grad_scale, optimizer.found_inf = None, (~finite).float()
-        try:
-            optimizer.step()
-        finally:
-            del optimizer.grad_scale, optimizer.found_inf
-    elif bool(finite):
-        optimizer.step()
-
-
-def keep_best(run: Run, metrics: dict[str, float]) -> None:
-    """After a validation: best and stale of train.best_metric, best.pt when it improved, and rank 0's best
-    and stale given to every rank (only rank 0 computes BLEU), so that train.patience stops all ranks at the
-    same update."""
-    t, state = run.job.train, run.state
-    if t.best_metric in metrics:
-        value = metrics[t.best_metric]
-        if state.best is None or (value > state.best if t.best_metric == "bleu" else value < state.best):
-            state.best, state.stale = value, 0
-            run.save(ckpt.best_path(run.run_dir))
-        else:
-            state.stale += 1
-    best, stale = distributed.broadcast_from_main(
-        [math.nan if state.best is None else state.best, float(state.stale)], device=run.device)
-    state.best, state.stale = (None if math.isnan(best) else best), int(stale)
-
-
 # --------------------------------------------------------------------------------------------- the run
 
 
@@ -288,13 +92,30 @@ class Run:
     def __post_init__(self) -> None:
         self.budget = self.budget or Budget.resumed(self.state, started=time.monotonic())
         # Before the first update every rank decides from the checkpoint's figures, the same on every rank.
-        t = self.job.train
-        test_lines = len(self.data.test.dataset) if t.test_at_end and self.data.test is not None else 0
         self.clock = self.clock or Clock(
             train_seconds=self.state.train_seconds, wall_seconds=self.state.wall_seconds,
-            costs=Budget.resumed(self.state, started=time.monotonic()).costs(average_last=t.average_last,
-                                                                             test_lines=test_lines))
+            costs=Budget.resumed(self.state, started=time.monotonic()).costs(
+                average_last=self.job.train.average_last, test_lines=self.test_lines))
         self.last_save = self.last_save or time.monotonic()
+
+    @property
+    def test_lines(self) -> int:
+        """Lines of the test split that the end of the run translates (train.test_at_end), for its cost."""
+        test = self.data.test
+        return len(test.dataset) if self.job.train.test_at_end and test is not None else 0
+
+    def clock_reading(self) -> Clock:
+        """This process's clocks and measured costs now: what rank 0 hands every rank at each update (`agree`)."""
+        return Clock(train_seconds=self.state.train_seconds, since_save=time.monotonic() - self.last_save,
+                     wall_seconds=self.budget.spent(),
+                     costs=self.budget.costs(average_last=self.job.train.average_last, test_lines=self.test_lines))
+
+    def close(self) -> None:
+        """The end of training on every rank: TensorBoard's events flushed, the process group left."""
+        if self.writer:
+            self.writer.close()
+        distributed.barrier()
+        distributed.cleanup()
 
     def save(self, path: Path, kind: str = "train") -> None:
         """A training checkpoint of the run as it is now (rank 0 writes; the others skip)."""
@@ -321,40 +142,6 @@ class Run:
         with self.budget.timing("save"):
             self.save(ckpt.last_path(self.run_dir))
         self.last_save = time.monotonic()
-
-
-@dataclass
-class Window:
-    """Training sums since the last log line: loss, NLL, target tokens (per rank), updates, and the seconds
-    spent training (validation and saving are not in the throughput)."""
-
-    device: torch.device
-    sums: torch.Tensor = None  # [loss, nll, tokens, updates], float64, all-reduced at each report
-    seconds: float = 0.0
-    lr: float = 0.0  # of the latest update
-    gnorm: torch.Tensor | float = 0.0  # its gradient norm (a tensor, read on the host when logged)
-
-    def __post_init__(self) -> None:
-        self.sums = torch.zeros(4, dtype=torch.float64, device=self.device)
-
-    def end_update(self, losses: list[tuple[torch.Tensor, torch.Tensor]], tokens: float, seconds: float) -> None:
-        """Add an update: its summed (loss, nll) of each forward pass, its target tokens (per rank), its time."""
-        for loss, nll in losses:
-            self.sums[:2] += torch.stack([loss.detach().double(), nll.detach().double()])
-        self.sums[2] += tokens
-        self.sums[3] += 1
-        self.seconds += seconds
-
-    def report(self, **extra: float) -> dict[str, float]:
-        """The window's per-token averages and throughput over all ranks (a collective); then empty it."""
-        distributed.all_reduce_sum(self.sums)
-        loss, nll, tokens, updates = self.sums.tolist()
-        stats = {"loss": loss / tokens, "nll": nll / tokens, "ppl": math.exp(min(nll / tokens, 100)), **extra,
-                 "tokens_per_s": tokens / self.seconds, "tokens_per_update": tokens / updates,
-                 "seconds_per_update": self.seconds / updates}
-        self.sums.zero_()
-        self.seconds = 0.0
-        return stats
 
 
 def user_error(error: BaseException) -> Exception | None:
@@ -398,3 +185,70 @@ def compile_for_batches(module: torch.nn.Module, *, backend: str = "inductor") -
     change the eager batches and train.max_tokens' count. tests/test_compile.py counts the graphs.
     """
     return torch.compile(module, dynamic=True, backend=backend)
+
+
+def build_run(job: TrainJob, *, dist: distributed.DistInfo, device: torch.device, run_dir: Path, start: Start,
+          data: Prepared, started: float) -> Run:
+    """The model (initialised, from init_from, or resumed), its optimizer, schedule, precision and data order;
+    the run's wall clock counts from `started` (time.monotonic()) plus what the resumed checkpoint spent."""
+    t, saved = job.train, TrainState.read(start.resume) if start.resume is not None else None
+    plan, warning = plan_update(tokens_per_update=t.tokens_per_update, world_size=dist.world_size,
+                                max_tokens=t.max_tokens, update_freq=t.update_freq, saved=saved)
+    if warning:
+        log.warning("%s", warning)
+    stream = BatchStream(data.train.src_lengths, data.train.tgt_lengths, max_tokens=plan.max_tokens, seed=job.seed,
+                         world_size=dist.world_size, rank=dist.rank, update_freq=plan.update_freq,
+                         data=data.train.cache_entry.name)
+    if stream.skipped:
+        log.warning("%d training pairs are longer than a pass's budget (%d tokens; train.max_tokens=%d) and are "
+                    "skipped", stream.skipped, plan.max_tokens, t.max_tokens)
+    torch.manual_seed(job.seed)
+    model = Transformer(TransformerConfig(**data.vocab.token_config(), **dataclasses.asdict(job.model))).to(device)
+    optimizer = make_optimizer(finetune.set_up(
+        model, start.init, init_from=job.init_from, vocab_mode=job.data.vocab, vocab=data.vocab,
+        freeze_parts=t.freeze, train_top_layers=t.train_top_layers))
+    scheduler = make_scheduler(optimizer, d_model=job.model.d_model, warmup_steps=t.warmup_steps, lr_scale=t.lr_scale)
+    precision = resolve_precision(t.precision, device)
+    autocast, scaler = mixed_precision(precision, device)
+    state = TrainState(world_size=dist.world_size, update_freq=plan.update_freq, max_tokens=plan.max_tokens,
+                       device=device.type)
+    if start.resume is not None:
+        saved = ckpt.load_training(start.resume, start.resume_path, model=model, optimizer=optimizer,
+                                   scheduler=scheduler, scaler=scaler, stream=stream)
+        state = dataclasses.replace(saved, world_size=dist.world_size, update_freq=plan.update_freq,
+                                    max_tokens=plan.max_tokens, device=device.type)
+    distributed.check_same_start(start_fingerprint(job, model, optimizer, scaler, state, stream, data.vocab),
+                                 device=device)
+    train_model = model
+    if dist.world_size > 1:
+        train_model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None,
+            broadcast_buffers=False)  # the only buffer is the fixed sinusoid table
+    if t.compile:
+        train_model = compile_for_batches(train_model)
+    log.info("model: %s, %.1fM parameters; update: %d rank(s) × update_freq %d × max_tokens %d = %d tokens "
+             "(train.tokens_per_update=%d); device %s, %s", model.config,
+             sum(p.numel() for p in model.parameters()) / 1e6, dist.world_size, plan.update_freq, plan.max_tokens,
+             plan.tokens, t.tokens_per_update, device, f"{precision}{' (auto)' if t.precision == 'auto' else ''}")
+    model.train()
+    return Run(job=job, dist=dist, device=device, run_dir=run_dir, data=data, stream=stream,
+               batches=Prefetcher(data.train.tokens, device, pad_id=model.config.pad_id,
+                                  bos_id=model.config.bos_id, eos_id=model.config.eos_id), model=model,
+               train_model=train_model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, autocast=autocast,
+               state=state, writer=EventWriter(run_dir / "tensorboard") if dist.is_main else None,
+               budget=Budget.resumed(state, started=started))
+
+
+def stop_reason(run: Run) -> str | None:
+    """Which of max_steps, max_epochs, max_time and patience ends training now, or None: the same answer on
+    every rank (the update, the data position and rank 0's validation and clock are shared)."""
+    t, state = run.job.train, run.state
+    if t.max_steps and state.step >= t.max_steps:
+        return f"max_steps={t.max_steps}"
+    if t.max_epochs and run.stream.epoch >= t.max_epochs:
+        return f"max_epochs={t.max_epochs}"
+    if t.max_time and (reason := out_of_time(t, state.step, run.clock)):
+        return reason
+    if t.patience and state.stale >= t.patience:
+        return f"no better {t.best_metric} in {state.stale} validations (patience)"
+    return None

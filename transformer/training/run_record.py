@@ -1,5 +1,6 @@
 """What a run leaves for the people who read it: run_dir/config.yaml and provenance.json, TensorBoard events
-that never stop the run, the periodic log line, and the closing summary of where everything is."""
+that never stop the run, the periodic log line (and the `Window` of sums it reports), and the closing summary
+of where everything is."""
 
 from __future__ import annotations
 
@@ -12,31 +13,32 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from omegaconf import OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
 from data.files import atomic_write
-from transformer.scoring import package_versions
-
-if TYPE_CHECKING:
-    from transformer.training import Run, Window
+from transformer import distributed
+from transformer.config import TrainJob
+from transformer.checkpoint import TrainState
+from transformer.evaluation.scoring import package_versions
 
 log = logging.getLogger("train")
 
 
-def write_run_record(run: Run, argv: list[str]) -> None:
+def write_run_record(job: TrainJob, state: TrainState, *, world_size: int, argv: list[str]) -> None:
     """run_dir/config.yaml (the resolved job) and provenance.json (where and how it was started), each
     atomically: a full disk stops the run in one line (CheckpointError) with the old records and every
     checkpoint intact."""
-    atomic_write(run.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(dataclasses.asdict(run.job))),
-                      what="run record")
-    record = provenance(world_size=run.dist.world_size, update_freq=run.state.update_freq,
-                        max_tokens=run.state.max_tokens, argv=argv, data=run.job.data)
-    atomic_write(run.run_dir / "provenance.json", json.dumps(record, indent=2) + "\n", what="run record")
+    run_dir = Path(job.run_dir)
+    atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(dataclasses.asdict(job))),
+                 what="run record")
+    record = provenance(world_size=world_size, update_freq=state.update_freq, max_tokens=state.max_tokens,
+                        argv=argv, data=job.data)
+    atomic_write(run_dir / "provenance.json", json.dumps(record, indent=2) + "\n", what="run record")
 
 
 
@@ -116,16 +118,51 @@ def provenance(*, world_size: int, update_freq: int, max_tokens: int, argv: list
 
 
 
-def log_window(run: Run, window: Window) -> None:
+@dataclass
+class Window:
+    """Training sums since the last log line: loss, NLL, target tokens (per rank), updates, and the seconds
+    spent training (validation and saving are not in the throughput)."""
+
+    device: torch.device
+    sums: torch.Tensor = None  # [loss, nll, tokens, updates], float64, all-reduced at each report
+    seconds: float = 0.0
+    lr: float = 0.0  # of the latest update
+    gnorm: torch.Tensor | float = 0.0  # its gradient norm (a tensor, read on the host when logged)
+
+    def __post_init__(self) -> None:
+        self.sums = torch.zeros(4, dtype=torch.float64, device=self.device)
+
+    def end_update(self, losses: list[tuple[torch.Tensor, torch.Tensor]], tokens: float, seconds: float) -> None:
+        """Add an update: its summed (loss, nll) of each forward pass, its target tokens (per rank), its time."""
+        for loss, nll in losses:
+            self.sums[:2] += torch.stack([loss.detach().double(), nll.detach().double()])
+        self.sums[2] += tokens
+        self.sums[3] += 1
+        self.seconds += seconds
+
+    def report(self, **extra: float) -> dict[str, float]:
+        """The window's per-token averages and throughput over all ranks (a collective); then empty it."""
+        distributed.all_reduce_sum(self.sums)
+        loss, nll, tokens, updates = self.sums.tolist()
+        stats = {"loss": loss / tokens, "nll": nll / tokens, "ppl": math.exp(min(nll / tokens, 100)), **extra,
+                 "tokens_per_s": tokens / self.seconds, "tokens_per_update": tokens / updates,
+                 "seconds_per_update": self.seconds / updates}
+        self.sums.zero_()
+        self.seconds = 0.0
+        return stats
+
+
+def log_window(window: Window, *, step: int, max_steps: int | None, writer: EventWriter | None) -> None:
+    """The periodic log line of the window's averages (a collective: every rank calls it), and rank 0's
+    TensorBoard scalars."""
     stats = window.report(lr=window.lr, gnorm=float(window.gnorm))
-    t, step = run.job.train, run.state.step
     seconds_per_update = stats.pop("seconds_per_update")
-    eta = (t.max_steps - step) * seconds_per_update if t.max_steps else float("nan")
+    eta = (max_steps - step) * seconds_per_update if max_steps else float("nan")
     log.info("update %d | lr %.3g | loss %.3f | nll %.3f | ppl %.2f | gnorm %.3f | %.0f tgt tok/s | "
              "%.0f tgt tok/update | eta %s", step, stats["lr"], stats["loss"], stats["nll"], stats["ppl"],
              stats["gnorm"], stats["tokens_per_s"], stats["tokens_per_update"], format_seconds(eta))
-    for key, value in stats.items() if run.writer else ():
-        run.writer.add_scalar(f"train/{key}", value, step)
+    for key, value in stats.items() if writer else ():
+        writer.add_scalar(f"train/{key}", value, step)
 
 
 

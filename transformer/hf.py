@@ -1,0 +1,68 @@
+"""The interop command line: OPUS-MT / Marian models in, ours out to Hugging Face and CTranslate2.
+
+    python -m transformer.hf import SRC RUN_DIR [--src-lang en --tgt-lang is]
+    python -m transformer.hf export CHECKPOINT_OR_RUN_DIR OUT_DIR [--ctranslate2 DIR [--quantization int8]]
+
+`import` turns a `MarianMTModel` directory into a run directory of ours, `export` writes a post-norm model of ours
+as a `MarianMTModel` directory (transformer/interop/marian.py says how, both ways) and, with `--ctranslate2
+DIR`, as a CTranslate2 model (transformer/interop/ct2_export.py). Needs `pip install -e '.[hf]'`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from data.errors import DataError, one_line
+from transformer import checkpoint as ckpt
+from transformer.interop.ct2_export import QUANTIZATIONS, export_ctranslate2
+from transformer.interop.marian import InteropError, export_marian, import_marian, load_model, train_overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m transformer.hf", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    imp = commands.add_parser("import", help="a MarianMTModel (OPUS-MT) directory -> a run directory of ours")
+    imp.add_argument("src", help="the directory MarianMTModel/MarianTokenizer.save_pretrained wrote")
+    imp.add_argument("run_dir", help="the run directory to create")
+    imp.add_argument("--src-lang", help="source language code (default: the tokenizer config's, if any)")
+    imp.add_argument("--tgt-lang", help="target language code (default: the tokenizer config's, if any)")
+    exp = commands.add_parser("export", help="a checkpoint or run directory -> a MarianMTModel directory")
+    exp.add_argument("checkpoint", help="a run directory or a .pt file")
+    exp.add_argument("out_dir", help="the Hugging Face directory to write")
+    exp.add_argument("--ctranslate2", metavar="DIR", help="also write a CTranslate2 model to DIR")
+    exp.add_argument("--quantization", choices=QUANTIZATIONS, help="CTranslate2 weight type (default float32)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # stderr keeps to our lines: an error is one line
+    transformers_logging.set_verbosity_error()
+    try:
+        if args.command == "import":
+            if Path(args.run_dir, "checkpoints").exists():
+                raise InteropError(f"{args.run_dir} already holds checkpoints: import into a new run directory")
+            path, config = import_marian(args.src, args.run_dir, src_lang=args.src_lang, tgt_lang=args.tgt_lang)
+            print(f"wrote {path}; translate: python translate.py checkpoint={args.run_dir}; fine-tune: python "
+                  f"train.py experiment=finetune init_from={args.run_dir} {train_overrides(config)} ...")
+        else:
+            if args.quantization and not args.ctranslate2:
+                raise InteropError("--quantization applies to the CTranslate2 model: give --ctranslate2 DIR too")
+            model, vocab, state = load_model(args.checkpoint)
+            data = (state.get("config") or {}).get("data") or {}
+            out = export_marian(model, vocab, args.out_dir, src_lang=data.get("src_lang"),
+                                tgt_lang=data.get("tgt_lang"))
+            print(f"wrote {out} (MarianMTModel, MarianTokenizer)")
+            if args.ctranslate2:
+                ct2 = export_ctranslate2(model, vocab, args.ctranslate2, quantization=args.quantization)
+                print(f"wrote {ct2} (CTranslate2, {args.quantization or 'float32'})")
+    except (InteropError, ckpt.CheckpointError, DataError) as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
