@@ -108,7 +108,7 @@ def measure(rounds: int, count: int, tokens: int) -> str:
         f"| eager | {eager * 1000:.0f} ms | | |",
         f"| `train.compile=true` (inductor, dynamic shapes) | {compiled * 1000:.0f} ms ({eager / compiled:.2f}× eager) "
         f"| {first_pass:.0f} s, {frames_after_warmup} graphs | {recompiled} |", "",
-        "tests/test_compile.py checks the graph count on every run of the suite (40 shapes, no recompilation).", "",
+        "tests/training/test_compile.py checks the graph count on every run of the suite (40 shapes, no recompilation).", "",
     ])
 
 

@@ -17,7 +17,7 @@ from data.files import link_or_copy
 from transformer.checkpoint import CheckpointError
 from transformer.training.schedule import make_optimizer, make_scheduler
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _tiny_model(seed=0, width=4):

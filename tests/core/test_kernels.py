@@ -267,7 +267,7 @@ def test_the_process_reads_its_cpu_and_override_once(cap, override):
             " torch.backends.cpu.get_cpu_capability())")
     env = {"PATH": "/usr/bin:/bin", "TRANSFORMER_CPU_LINEAR": override, **cap}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                         check=True, cwd=Path(__file__).resolve().parent.parent).stdout.split()
+                         check=True, cwd=Path(__file__).resolve().parents[2]).stdout.split()
     if override == "auto":  # this machine's own rule (capped: its vendor with AVX2)
         expected = [kernels.choose_float32_kernel(out[2], out[3], inference=use) for use in (False, True)]
     else:

@@ -561,7 +561,7 @@ def test_parameter_counts_of_base_and_big(preset, paper_millions):
     count = count_parameters(model)
     print(f"{preset.__name__}: {count:,} parameters")
     assert count == expected_parameters(config)
-    assert abs(count - paper_millions * 1e6) <= 0.05 * paper_millions * 1e6  # tests/test_table3.py: the exact model
+    assert abs(count - paper_millions * 1e6) <= 0.05 * paper_millions * 1e6  # tests/evaluation/test_table3.py: the exact model
     assert count_parameters(tiny_model()) == expected_parameters(tiny_config())
 
 

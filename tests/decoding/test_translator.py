@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -81,7 +81,7 @@ def test_a_bf16_translator_copies_its_weights_once_not_per_call(tiny_run, capsys
 def test_an_int8_translator_quantises_its_weights_once_not_per_call(tiny_run, capsys, monkeypatch,
                                                                      one_torch_thread):
     """The same for int8: quantising per call would quantise the whole model for every line of interactive mode
-    (kernels.WeightCache; oneDNN's packed float32 weights are kept the same way, tests/test_kernels.py)."""
+    (kernels.WeightCache; oneDNN's packed float32 weights are kept the same way, tests/core/test_kernels.py)."""
     if kernels.why_no_int8():
         pytest.skip(kernels.why_no_int8())
     lines = tiny_run_sources(tiny_run, 4)

@@ -21,7 +21,7 @@ from transformer.evaluation.scoring import (
 from transformer.evaluation.tables import TABLE2_COLUMNS, TABLE3_COLUMNS, append_table_row, training_flops
 from transformer.evaluation.testsets import load_testset, read_lines
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SYSTEMS = ["fairseq_wmt19_en_de", "opus-mt_eng-deu"]  # systems/SOURCES.md: FAIR WMT19, OPUS-MT
 
 

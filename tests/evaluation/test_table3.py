@@ -27,7 +27,7 @@ from transformer.cli import compose_config, to_job
 from transformer.config import ARCH_KEYS, ConfigError, EvaluateJob, ModelConfig, model_config_with_defaults
 from transformer.model import CrossAttention, LearnedPositions, SelfAttention, Transformer, TransformerConfig
 from transformer.search import beam_search, greedy_search
-from transformer.training.run import differences
+from transformer.training.start import differences
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

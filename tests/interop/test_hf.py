@@ -28,7 +28,7 @@ from transformer import hf  # noqa: E402
 from transformer.search import beam_search, greedy_search  # noqa: E402
 from transformer.decoding.translation import Translator, pad_rows  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 SOURCE_TEXT = [
     "the quick brown fox jumps over the lazy dog", "a small house stands by the river",
@@ -371,7 +371,7 @@ def test_cli_refuses_what_it_cannot_represent_in_one_line(tmp_path, spm_models, 
 def test_finetune_an_imported_model_then_translate_it(tmp_path, spm_models, one_torch_thread):
     """train.py init_from=<imported run> with the overrides the import prints, a few updates on the model's
     own kind of text; the run keeps the Marian vocabulary and options, and translate.py uses the result."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from helpers import train_main
 
     import translate
@@ -413,7 +413,7 @@ def test_configs_saved_before_the_marian_options_read_as_the_paper_model():
     paper's model, and resuming or init_from compares them without reporting a difference."""
     from transformer.config import ARCH_KEYS, ModelConfig, model_config_with_defaults
     from transformer.model import TransformerConfig
-    from transformer.training.run import differences
+    from transformer.training.start import differences
 
     old_keys = ("d_model", "heads", "d_ff", "encoder_layers", "decoder_layers", "dropout", "norm_first")
     saved = {key: getattr(ModelConfig(), key) for key in old_keys}

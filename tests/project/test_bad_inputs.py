@@ -1,7 +1,7 @@
 """Bad inputs: every one ends in a one-line message that names the problem and what to do (or, where the
 input is merely odd, in the documented handling), with no traceback and no damaged checkpoint.
 
-Each case below is one row of the table in docs/RELIABILITY.md; `python tests/test_bad_inputs.py` runs them
+Each case below is one row of the table in docs/RELIABILITY.md; `python tests/project/test_bad_inputs.py` runs them
 all and prints that table. Error cases run as the command line runs them, `main_with_user_errors` around
 `train.main`, `translate.main` or `evaluate.main`, in this process with stdout and stderr captured down to
 the file descriptors (`user_error`): the raw stderr is checked, not a message the code shortened. Every case
@@ -29,7 +29,7 @@ from typing import Callable
 import pytest
 import torch
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
@@ -564,7 +564,7 @@ def test_at_least_30_bad_inputs_and_each_is_in_the_table():
     assert len(CASES) >= 30
     table = (ROOT / "docs" / "RELIABILITY.md").read_text(encoding="utf-8")
     missing = [c.name for c in CASES if f"| {c.name} |" not in table]
-    assert not missing, f"docs/RELIABILITY.md lacks rows for {missing} (python tests/test_bad_inputs.py prints them)"
+    assert not missing, f"docs/RELIABILITY.md lacks rows for {missing} (python tests/project/test_bad_inputs.py prints them)"
 
 
 def command(ws: Workspace, script: str, args: list[str], **kwargs) -> subprocess.CompletedProcess:

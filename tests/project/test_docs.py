@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -35,31 +35,31 @@ PROGRAMS = ("python ", "torchrun ", "pip ", "tensorboard ", "echo ", "export ")
 # expanded). Every one of them is still composed where it is a train.py / evaluate.py command.
 SKIPPED = {
     "pip install torch==2.13.0 -e . && python train.py experiment=quickstart":
-        "the Quickstart: .ci/run runs it as written in a fresh venv; tests/test_pipeline_e2e.py trains the "
+        "the Quickstart: .ci/run runs it as written in a fresh venv; tests/data_layer/test_pipeline_e2e.py trains the "
         "quickstart",
     "python -m pytest": "the test suite itself",
     "tensorboard --logdir": "starts a server; test_documented_commands_run_on_a_tiny_model checks that the "
                             "directory holds TensorBoard's event files",
     "export OMP_NUM_THREADS": "an environment setting",
-    "python tools/crash_soak.py": "20 SIGKILLed training runs (tests/test_reliability.py runs the soak's pieces)",
+    "python tools/crash_soak.py": "20 SIGKILLed training runs (tests/training/test_reliability.py runs the soak's pieces)",
     "pip install torch==2.13.0": "an install from the network; test_the_readme_quickstart_works_in_a_fresh_venv "
                                  "runs the Quickstart's install line",
-    "python -m transformer.checkpoint average": "needs trained checkpoints; tests/test_checkpoint.py runs the "
+    "python -m transformer.checkpoint average": "needs trained checkpoints; tests/core/test_checkpoint.py runs the "
                                                 "averaging command line (checkpoint.main)",
     "python benchmarks/": "a benchmark (minutes to hours, some need a GPU): its figures are in docs/BENCHMARKS.md; "
-                          "tests/test_benchmarks.py runs gpu_check's steps",
-    "python -m transformer.table3": "needs a sweep of trained runs; tests/test_table3.py runs the command on run "
+                          "tests/project/test_benchmarks.py runs gpu_check's steps",
+    "python -m transformer.table3": "needs a sweep of trained runs; tests/evaluation/test_table3.py runs the command on run "
                                     "directories it writes",
-    "python tests/test_bad_inputs.py": "prints the bad-input table; pytest runs the same cases",
+    "python tests/project/test_bad_inputs.py": "prints the bad-input table; pytest runs the same cases",
     "python tools/table3_small.py": "trains a sweep of Table 3 rows on Multi30k (~1.5 h on one thread); "
-                                    "tests/test_table3.py composes every row's scaled overrides",
+                                    "tests/evaluation/test_table3.py composes every row's scaled overrides",
     "torchrun --nnodes 2": "a fragment of docs/RELIABILITY.md's two-node commands, which are composed in full",
-    "python -m transformer.hf ": "needs an OPUS-MT model or the run it names; tests/test_hf.py runs import and "
+    "python -m transformer.hf ": "needs an OPUS-MT model or the run it names; tests/interop/test_hf.py runs import and "
                                  "export on random MarianMTModels and on the tiny trained model",
     "pip install -e '.[hf]'": "an install into this environment (CI installs the test extra, which holds it)",
     "pip install -e '.[test]'": "an install into this environment; .ci/run installs it and runs the tests that "
                                 "need it",
-    "pip install .": "an install into this environment; tests/test_console_scripts.py installs a wheel elsewhere and runs the "
+    "pip install .": "an install into this environment; tests/project/test_console_scripts.py installs a wheel elsewhere and runs the "
                      "console scripts from another directory",
 }
 
@@ -251,7 +251,7 @@ def test_the_quickstart_is_two_commands_and_its_test_runner_is_installed_by_the_
 @pytest.mark.slow
 def test_the_readme_quickstart_works_in_a_fresh_venv(tmp_path):
     """As a newcomer: a fresh venv (no system packages), the README's install line as written, its training
-    command with a one-update override (the quickstart itself trains in tests/test_pipeline_e2e.py), and its
+    command with a one-update override (the quickstart itself trains in tests/data_layer/test_pipeline_e2e.py), and its
     test command on one cheap file. Minutes of installing: runs with TRANSFORMER_TEST_FRESH_VENV=1. CI does
     more, outside the suite: .ci/run runs both commands as written, the whole suite in the fresh venv."""
     if os.environ.get("TRANSFORMER_TEST_FRESH_VENV") != "1":
@@ -274,4 +274,4 @@ def test_the_readme_quickstart_works_in_a_fresh_venv(tmp_path):
             "train.average_last=1 train.test_at_end=false train.valid_bleu_lines=0 train.best_metric=loss")
     sh(f"{train_command} {tiny}", 600)
     assert test.endswith(" tests")  # the whole suite: here one cheap file of it, with the venv's pytest
-    sh(f"{test.removesuffix(' tests')} tests/test_config.py -x -p no:cacheprovider", 600)
+    sh(f"{test.removesuffix(' tests')} tests/core/test_config.py -x -p no:cacheprovider", 600)

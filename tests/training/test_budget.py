@@ -1,6 +1,6 @@
 """train.max_time as the run's wall-clock budget (transformer/budget.py): the rule that decides whether the
 next update fits, the clock carried over restarts, and the end of the run held to the deadline. The
-two-rank run that ends inside its budget is tests/test_multirank.py's; torchrun's restarts, test_reliability.py's."""
+two-rank run that ends inside its budget is tests/training/test_multirank.py's; torchrun's restarts, test_reliability.py's."""
 
 from __future__ import annotations
 
@@ -109,9 +109,9 @@ def test_the_search_stops_between_batches_at_its_deadline_and_is_unchanged_befor
 
 def test_the_test_translation_that_would_overrun_max_time_is_skipped_and_said(corpus, tmp_path, capfd,
                                                                                 monkeypatch):
-    import train
+    from transformer.training.budget import Budget
 
-    monkeypatch.setattr(train.Budget, "deadline", lambda self, max_time: time.monotonic() - 1)  # already passed
+    monkeypatch.setattr(Budget, "deadline", lambda self, max_time: time.monotonic() - 1)  # already passed
     run(corpus, tmp_path / "run", {"train.max_steps": 2, "train.max_time": 3600, "train.test_at_end": "true",
                                    "data.test_prefix": corpus.prefixes["valid"]})
     err = capfd.readouterr().err

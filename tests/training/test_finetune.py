@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -28,6 +28,7 @@ from helpers import (  # noqa: E402
     train_main)
 from transformer import checkpoint as ckpt  # noqa: E402
 from transformer.training import finetune  # noqa: E402
+from transformer.training import run as training_run  # noqa: E402
 from transformer.checkpoint import CheckpointError  # noqa: E402
 from transformer.cli import ConfigError, compose_config  # noqa: E402
 from transformer.model import Transformer, TransformerConfig  # noqa: E402
@@ -93,7 +94,7 @@ def start(monkeypatch) -> dict:
     """Filled, when train.py builds the optimizer, with the model's weights at that moment (a copy) and
     the parameters handed to the optimizer."""
     seen: dict = {}
-    real_transformer, real_optimizer = train.Transformer, train.make_optimizer
+    real_transformer, real_optimizer = training_run.Transformer, training_run.make_optimizer
 
     def transformer(config):
         seen["model"] = real_transformer(config)
@@ -105,8 +106,8 @@ def start(monkeypatch) -> dict:
         seen["optimized"] = {id(p) for p in params}
         return real_optimizer(params, **kwargs)
 
-    monkeypatch.setattr(train, "Transformer", transformer)
-    monkeypatch.setattr(train, "make_optimizer", optimizer)
+    monkeypatch.setattr(training_run, "Transformer", transformer)
+    monkeypatch.setattr(training_run, "make_optimizer", optimizer)
     return seen
 
 

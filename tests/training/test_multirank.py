@@ -30,7 +30,7 @@ from transformer.checkpoint import TrainState
 from transformer.config import TrainJob
 from transformer.training.schedule import make_optimizer
 from transformer.training.agreement import start_fingerprint
-from transformer.training.run import MIN_TOKENS, plan_update
+from transformer.training.start import MIN_TOKENS, plan_update
 
 # train.py, reporting on exit each rank's last trained update and its loop's last stop decision.
 REPORTING_TRAIN = textwrap.dedent("""

@@ -28,9 +28,11 @@ import train  # noqa: E402
 from data import files  # noqa: E402
 from data.errors import WriteError  # noqa: E402
 from transformer import checkpoint as ckpt  # noqa: E402
+from transformer import distributed  # noqa: E402
+from transformer.training import update  # noqa: E402
 
 # A launcher for train.py that injects one fault on one rank: FAULT=<kind>@<rank>:<update>. The fault fires
-# when that rank starts that update (train.dropout_seed is called once per forward pass with the update
+# when that rank starts that update (update.dropout_seed is called once per forward pass with the update
 # number); FAULT_MARK names a file that receives the time it fired. "sigkill_once" fires only while that file
 # does not exist: the processes torchrun restarts after it run clean.
 FAULTY_TRAIN = textwrap.dedent("""
@@ -39,11 +41,12 @@ FAULTY_TRAIN = textwrap.dedent("""
     import torch
     import train
     from transformer.cli import main_with_user_errors
+    from transformer.training import update
 
     kind, _, where = os.environ["FAULT"].partition("@")
     rank, update = (int(x) for x in where.split(":"))
     poisoned = False
-    real_seed, real_loss = train.dropout_seed, train.label_smoothed_nll
+    real_seed, real_loss = update.dropout_seed, update.label_smoothed_nll
 
     def dropout_seed(seed, step, slot):
         global poisoned
@@ -66,7 +69,7 @@ FAULTY_TRAIN = textwrap.dedent("""
         loss, nll = real_loss(logits, target, **kwargs)
         return (loss * float("nan") if poisoned and kind == "nan" else loss), nll
 
-    train.dropout_seed, train.label_smoothed_nll = dropout_seed, loss_with_nan
+    update.dropout_seed, update.label_smoothed_nll = dropout_seed, loss_with_nan
     sys.argv[0] = os.path.join({root!r}, "train.py")
     main_with_user_errors(train.main)()
 """)
@@ -184,7 +187,7 @@ def test_finished_run_started_again_trains_no_further(corpus, tmp_path):
 
 def signal_at_update(monkeypatch, update: int, times: int) -> None:
     """Deliver SIGINT to this process `times` times when update `update` starts (as Ctrl-C would)."""
-    real = train.dropout_seed
+    real = update.dropout_seed
 
     def dropout_seed(seed, step, slot):
         if step == update and slot == 0:
@@ -192,7 +195,7 @@ def signal_at_update(monkeypatch, update: int, times: int) -> None:
                 os.kill(os.getpid(), signal.SIGINT)
         return real(seed, step, slot)
 
-    monkeypatch.setattr(train, "dropout_seed", dropout_seed)
+    monkeypatch.setattr(update, "dropout_seed", dropout_seed)
 
 
 def test_sigint_delivered_twice_saves_once_and_resume_is_bit_identical(corpus, tmp_path, monkeypatch, capsys):
@@ -368,16 +371,16 @@ def test_hung_rank_releases_the_others_after_the_process_group_timeout(corpus, t
 
 def test_process_group_timeout_defaults_to_30_minutes_and_follows_the_environment(monkeypatch):
     seen = {}
-    monkeypatch.setattr(train.distributed.dist, "is_initialized", lambda: False)
-    monkeypatch.setattr(train.distributed.dist, "init_process_group", lambda **kw: seen.update(kw))
-    monkeypatch.setattr(train.distributed.dist, "get_rank", lambda: 0)
-    monkeypatch.setattr(train.distributed.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda **kw: seen.update(kw))
+    monkeypatch.setattr(distributed.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(distributed.dist, "get_world_size", lambda: 2)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.delenv("TRANSFORMER_DIST_TIMEOUT_S", raising=False)
-    train.distributed.init_from_env("cpu")
+    distributed.init_from_env("cpu")
     assert seen["timeout"].total_seconds() == 1800
     monkeypatch.setenv("TRANSFORMER_DIST_TIMEOUT_S", "7")
-    train.distributed.init_from_env("cpu")
+    distributed.init_from_env("cpu")
     assert seen["timeout"].total_seconds() == 7
 
 

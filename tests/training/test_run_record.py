@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -24,7 +24,7 @@ from transformer import checkpoint as ckpt  # noqa: E402
 from transformer.cli import ConfigError, compose_config, to_job  # noqa: E402
 from transformer.config import DataConfig  # noqa: E402
 from transformer.training.run_record import provenance  # noqa: E402
-from transformer.training.run import default_run_name, resolve_run_dir  # noqa: E402
+from transformer.training.start import default_run_name, resolve_run_dir  # noqa: E402
 from transformer.evaluation.measures import write_results  # noqa: E402
 
 

@@ -25,9 +25,11 @@ from helpers import (D_MODEL, PIECES, ROOT, assert_training_states_equal, run, s
                      tensorboard_scalars, train_main)
 
 import train
+from data.batching import Prefetcher
 from transformer import checkpoint as ckpt
 from transformer.cli import ConfigError
 from transformer.model import Transformer, TransformerConfig
+from transformer.training import update
 
 
 def noam(n: int, *, d_model: int, warmup: int, scale: float) -> float:
@@ -212,7 +214,7 @@ def test_checkpoints_named_pruned_and_averaged(corpus, tmp_path):
 def test_nonfinite_updates_are_skipped_then_abort(corpus, tmp_path, capsys, monkeypatch):
     poisoned = {2, 4, 5, 6}  # updates whose loss (hence gradient) is NaN; 4, 5, 6 are 3 in a row
     calls = []
-    real_loss = train.label_smoothed_nll
+    real_loss = update.label_smoothed_nll
 
     def loss_with_nans(logits, target, **kwargs):
         loss, nll = real_loss(logits, target, **kwargs)
@@ -221,7 +223,7 @@ def test_nonfinite_updates_are_skipped_then_abort(corpus, tmp_path, capsys, monk
             loss = loss * float("nan")
         return loss, nll
 
-    monkeypatch.setattr(train, "label_smoothed_nll", loss_with_nans)
+    monkeypatch.setattr(update, "label_smoothed_nll", loss_with_nans)
     with pytest.raises(ConfigError) as error:
         train_main(corpus.overrides(tmp_path, {"train.max_steps": 20, "train.max_nonfinite": 3,
                                                "train.save_every_steps": 1, "train.keep_last": 0}))
@@ -252,14 +254,14 @@ def test_nonfinite_updates_are_skipped_then_abort(corpus, tmp_path, capsys, monk
 def test_fp16_overflows_calibrate_the_loss_scale_and_redo_the_update(corpus, tmp_path, capsys, monkeypatch):
     """fp16: an overflow is GradScaler finding its scale: it halves the scale and the update is made again
     from the same batches (no update number, no lr step, not towards max_nonfinite)."""
-    calls, real_loss = [], train.label_smoothed_nll
+    calls, real_loss = [], update.label_smoothed_nll
 
     def overflowing_loss(logits, target, **kwargs):
         loss, nll = real_loss(logits, target, **kwargs)
         calls.append(None)
         return (loss * float("inf") if len(calls) <= 3 else loss), nll
 
-    monkeypatch.setattr(train, "label_smoothed_nll", overflowing_loss)
+    monkeypatch.setattr(update, "label_smoothed_nll", overflowing_loss)
     last = run(corpus, tmp_path, {"train.precision": "fp16", "train.max_steps": 2, "train.max_nonfinite": 1})
 
     err = capsys.readouterr().err
@@ -373,7 +375,7 @@ class HostWaits(torch.utils._python_dispatch.TorchDispatchMode):
 def test_an_update_waits_for_the_device_once_after_collating_the_next(corpus, tmp_path, monkeypatch):
     updates: list[list[str]] = []  # what happened in each train_step
     inside = []
-    real_step, real_collate = train.train_step, train.Prefetcher._collate
+    real_step, real_collate = train.train_step, Prefetcher._collate
 
     def recorded(method_name, real):
         def wrapper(self, *args, **kwargs):
@@ -392,7 +394,7 @@ def test_an_update_waits_for_the_device_once_after_collating_the_next(corpus, tm
             inside.pop()
 
     monkeypatch.setattr(train, "train_step", step)
-    monkeypatch.setattr(train.Prefetcher, "_collate", lambda self, update: (updates[-1].append("collate"),
+    monkeypatch.setattr(Prefetcher, "_collate", lambda self, update: (updates[-1].append("collate"),
                                                                             real_collate(self, update))[1])
     monkeypatch.setattr(torch.Tensor, "tolist", recorded("wait:tolist", torch.Tensor.tolist))
     monkeypatch.setattr(torch.Tensor, "numpy", recorded("wait:numpy", torch.Tensor.numpy))

@@ -185,7 +185,7 @@ def tok_bleu(hyps: list[str], refs: list[str], lang: str) -> Score:
 #     lowercase.perl | normalize-punctuation.perl -l $lang | tokenizer.perl -l $lang   (escaping on, no -a)
 # which `lc_norm_tok` reproduces with sacremoses: test_2016_flickr's German and English files line for line,
 # the French one but for line 694, where the official file has `... neude &quot; .` and sacremoses'
-# French normaliser gives `... neude . &quot;` (tests/test_scoring.py checks all three).
+# French normaliser gives `... neude . &quot;` (tests/evaluation/test_scoring.py checks all three).
 
 
 @functools.lru_cache(maxsize=8)

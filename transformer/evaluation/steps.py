@@ -188,7 +188,7 @@ def model_figures(translator, path: Path | None, test: TestSet, device) -> tuple
     """What the tables need of the model: the perplexity of the references (with a source), the parameters,
     the step and the training time; and the checkpoint's record with its training cost (`training_record`).
     An ensemble is scored as one model: its perplexity is that of the members' mean log-probabilities,
-    renormalised (tests/test_translate_evaluate.py computes it by hand)."""
+    renormalised (tests/evaluation/test_translate_evaluate.py computes it by hand)."""
     if translator is None:
         return {}, None
     figures = {}

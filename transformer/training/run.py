@@ -182,7 +182,7 @@ def compile_for_batches(module: torch.nn.Module, *, backend: str = "inductor") -
     constant sizes (dynamic=False) it compiles per shape until torch._dynamo.config.recompile_limit (8), then
     runs eagerly. Dynamo still specialises sizes of 1: a one-sentence batch gets its own graph, and so would
     a batch of empty sentences (S or T = 1). Padding lengths to multiples of 8 in `collate` instead would
-    change the eager batches and train.max_tokens' count. tests/test_compile.py counts the graphs.
+    change the eager batches and train.max_tokens' count. tests/training/test_compile.py counts the graphs.
     """
     return torch.compile(module, dynamic=True, backend=backend)
 
