@@ -11,7 +11,7 @@ import yaml
 
 from conftest import ROOT
 from transformer.cli import ConfigError, compose_config, to_job
-from transformer.config import ARCH_KEYS, DecodeConfig, ModelConfig, TrainConfig, TrainJob
+from transformer.config import ARCH_KEYS, DecodeConfig, ModelConfig, TrainConfig, TrainJob, model_preset
 
 
 def job(*overrides: str) -> TrainJob:
@@ -38,6 +38,25 @@ def test_every_paper_preset_composes_to_the_papers_values(preset):
     assert (t.max_steps, t.average_last) == (paper["steps"], paper["average"]) and t.keep_last >= t.average_last
     assert (d.beam, d.lenpen, d.lenpen_style, d.max_len_a, d.max_len_b) == (4, 0.6, "gnmt", 1, 50)
     assert j.data.vocab_size == paper["vocab"]
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (ROOT / "configs" / "model").glob("*.yaml")))
+def test_every_model_preset_is_a_yaml_file_the_schema_checks(preset, tmp_path):
+    """configs/model/<preset>.yaml composes through ModelConfig (Hydra, `model=<preset>`) and reads the same from
+    Python (`model_preset`); a key the schema does not have is refused."""
+    assert job(f"model={preset}").model == model_preset(preset)
+    assert preset != "base" or model_preset("base") == ModelConfig()  # the schema's defaults are the paper's base
+    bad = tmp_path / "configs"
+    (bad / "model").mkdir(parents=True)
+    (bad / "config.yaml").write_text("")
+    (bad / "model" / f"{preset}.yaml").write_text((ROOT / "configs" / "model" / f"{preset}.yaml").read_text()
+                                                  + "d_modle: 3\n")
+    import transformer.config as schema
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(schema, "config_dir", lambda: bad)
+        with pytest.raises(ConfigError, match="d_modle"):
+            model_preset(preset)
 
 
 def test_the_default_is_the_base_model_and_the_quickstart_uses_model_tiny():

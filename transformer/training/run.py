@@ -101,8 +101,9 @@ class Run:
     @property
     def test_lines(self) -> int:
         """Lines of the test split that the end of the run translates (train.test_at_end), for its cost."""
-        test = self.data.test
-        return len(test.dataset) if self.job.train.test_at_end and test is not None else 0
+        if not self.job.train.test_at_end:
+            return 0  # the test split is not prepared then
+        return len(self.data.test.dataset) if self.data.test is not None else 0
 
     def clock_reading(self) -> Clock:
         """This process's clocks and measured costs now: what rank 0 hands every rank at each update (`agree`)."""
