@@ -10,8 +10,8 @@
 stdout: one line per metric (sacreBLEU's BLEU and chrF with their signatures, the paper's `tokBLEU|...`; with
 `tok_ref=`, the Multi30k papers' `lcBLEU|...`). Hypotheses, scores.json and (report=true, the default for a
 run directory) report.md go to `out` (default run_dir/eval/<test set>/); a row is appended to `table` (default
-run_dir/eval/table.md) in the layout of the paper's Table 2 or 3. The pieces: transformer/evaluation.py;
-several hyp= files: transformer/significance.py; checkpoints=all: transformer/sweep.py.
+run_dir/eval/table.md) in the layout of the paper's Table 2 or 3. The pieces: transformer/evaluation/steps.py;
+several hyp= files: transformer/evaluation/significance.py; checkpoints=all: transformer/evaluation/sweep.py.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Exactly one output line per input line, in order (k lines with `decode.nbest=k`, Moses n-best style);
 stdout carries translations only, everything else goes to stderr. The input is read and translated
-`chunk_lines` lines at a time (transformer/corpus_translation.py: into a file, resumable and shardable). The
-work is done by transformer/translation.py (`Translator`); this file is its command line.
+`chunk_lines` lines at a time (transformer/decoding/corpus_translation.py: into a file, resumable and shardable). The
+work is done by transformer/decoding/translation.py (`Translator`); this file is its command line.
 
     python translate.py checkpoint=runs/quickstart < src.txt > hyp.txt
     python translate.py checkpoint=[a.pt,b.pt] input=src.txt output=hyp.txt   # an ensemble

@@ -40,7 +40,7 @@ class ModelConfig:
     decoder_layers: int = 6
     dropout: float = 0.1
     norm_first: bool = False  # False: the paper's post-norm. True: pre-norm, a later variant.
-    # Variants that Marian / OPUS-MT checkpoints use (transformer/hf.py imports them); off = the paper.
+    # Variants that Marian / OPUS-MT checkpoints use (transformer/interop/marian.py imports them); off = the paper.
     activation: str = "relu"  # the feed-forward's nonlinearity: relu (§3.3) | gelu | swish
     attention_bias: bool = False  # biases on W^Q, W^K, W^V and W^O (the paper's projections have none)
     scale_embedding: bool = True  # embeddings × √d_model (§3.4); Marian's converted models: false
@@ -138,7 +138,7 @@ FREEZABLE = ("encoder", "decoder", "embeddings")
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """`train.*`: the §5 recipe (Adam(0.9, 0.98, 1e-9) is fixed in transformer/schedule.py), the stopping
+    """`train.*`: the §5 recipe (Adam(0.9, 0.98, 1e-9) is fixed in transformer/training/schedule.py), the stopping
     rules, and how often to log, validate and save."""
 
     max_tokens: int = 4096  # most tokens per rank per forward pass: batch size × max(padded src, padded tgt length)
@@ -154,7 +154,7 @@ class TrainConfig:
     compile: bool = False
     max_steps: Optional[int] = 100000
     max_epochs: Optional[int] = None
-    max_time: Optional[float] = None  # the run's wall-clock budget in seconds, all restarts (transformer/budget.py)
+    max_time: Optional[float] = None  # the run's wall-clock budget in seconds, all restarts (transformer/training/budget.py)
     max_nonfinite: int = 10
     save_every_steps: int = 1500
     save_every_minutes: Optional[float] = 10
@@ -225,7 +225,7 @@ class DecodeConfig:
     sampling_topp: float = 1.0
     temperature: float = 1.0
     seed: int = 1
-    noise: bool = False  # noised back-translation (transformer/noise.py): delete, fill and shuffle output words
+    noise: bool = False  # noised back-translation (transformer/decoding/noise.py): delete, fill and shuffle output words
     noise_filler: str = "<blank>"
 
     def __post_init__(self) -> None:

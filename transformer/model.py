@@ -499,7 +499,7 @@ class CrossAttention(nn.Module):
         [B*K, H, T, S] float32, 0 on padding keys.
 
         For looking at a model (reports, word alignments) only: `forward`'s fused kernel never materialises
-        them, and nothing in training or search calls this (transformer/alignment.py does, from a hook).
+        them, and nothing in training or search calls this (transformer/evaluation/alignment.py does, from a hook).
         """
         b, s = src_mask.shape
         rows, t, d = x.shape

@@ -1,10 +1,10 @@
-"""data/quickstart_corpus.py: deterministic, a function from source to target, German grammar, split files."""
+"""quickstart/corpus.py: deterministic, a function from source to target, German grammar, split files."""
 
 import re
 
 import pytest
 
-from data import quickstart_corpus
+from quickstart import corpus as generator
 from quickstart.corpus import ADJECTIVES, NOUNS, VERBS, generate, write_corpus
 
 N = 3000
@@ -41,7 +41,7 @@ def test_each_source_sentence_has_one_translation():
 def test_sources_are_distinct_and_lengths_bounded(pairs):
     assert len({en for en, _ in pairs}) == N
     lengths = [len(en.split()) for en, _ in pairs]
-    assert min(lengths) >= quickstart_corpus.MIN_WORDS and max(lengths) <= quickstart_corpus.MAX_WORDS
+    assert min(lengths) >= generator.MIN_WORDS and max(lengths) <= generator.MAX_WORDS
     assert all(de and "\n" not in de and "  " not in de for _, de in pairs)
 
 
@@ -81,7 +81,7 @@ def test_subordinate_clauses_put_the_finite_verb_last(pairs):
 def test_fronted_adverb_puts_the_finite_verb_second(pairs):
     # "Yesterday the dog saw the cat." -> "Gestern hat der Hund die Katze gesehen."
     finite, checked = _finite_forms(), 0
-    adverbs = [a for a in quickstart_corpus.ADVERBS if a.kind == "time"]
+    adverbs = [a for a in generator.ADVERBS if a.kind == "time"]
     for en, de in pairs:
         adverb = next((a for a in adverbs if en.startswith(a.en[0].upper() + a.en[1:] + " ")), None)
         if adverb is not None:
@@ -92,7 +92,7 @@ def test_fronted_adverb_puts_the_finite_verb_second(pairs):
 
 def test_past_tense_becomes_an_auxiliary_and_a_final_participle(pairs):
     # "The man saw the dog." -> "Der Mann hat den Hund gesehen."; "He ran yesterday." -> "Er ist gestern gerannt."
-    pronouns = "|".join(("He", "She", "We", "They", "I", *quickstart_corpus.NAMES))
+    pronouns = "|".join(("He", "She", "We", "They", "I", *generator.NAMES))
     checked = 0
     for en, de in pairs:
         m = re.fullmatch(rf"((?:The|A) \w+|{pronouns}) (\w+)(?: (?:the|a|an) \w+)?(?: yesterday| today)?\.", en)
@@ -185,6 +185,6 @@ def test_write_corpus_reuses_files_and_rewrites_stale_ones(tmp_path):
 
 
 def test_command_line_writes_the_corpus(tmp_path, capsys):
-    assert quickstart_corpus.main([str(tmp_path / "corpus"), "--train", "20", "--valid", "5", "--test", "5"]) == 0
+    assert generator.main([str(tmp_path / "corpus"), "--train", "20", "--valid", "5", "--test", "5"]) == 0
     assert len((tmp_path / "corpus" / "train.en").read_text(encoding="utf-8").splitlines()) == 20
     assert "train.en" in capsys.readouterr().out

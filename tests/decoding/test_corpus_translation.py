@@ -1,4 +1,4 @@
-"""Translating a corpus (transformer/corpus_translation.py through translate.py): in chunks, in input order,
+"""Translating a corpus (transformer/decoding/corpus_translation.py through translate.py): in chunks, in input order,
 sharded over ranks, and resumed after a kill with no line lost and none twice.
 
 The model is an untrained one of the `disagreeing_checkpoints` fixture (milliseconds a line); its outputs

@@ -1,5 +1,5 @@
-"""Looking at a model: its cross-attention weights (transformer/alignment.py), word alignments
-(`translate.py alignment=true`), the evaluation report (`evaluate.py report=true`, transformer/report.py)
+"""Looking at a model: its cross-attention weights (transformer/evaluation/alignment.py), word alignments
+(`translate.py alignment=true`), the evaluation report (`evaluate.py report=true`, transformer/evaluation/report.py)
 and the attention image train.py sends to TensorBoard.
 
 Trained-model tests use `tiny_run` (tests/conftest.py): its target is the source's words reversed and

@@ -1,5 +1,5 @@
 """`evaluate.py hyp=[base,new,...]`: each system scored and sacreBLEU's paired test against the first
-(transformer/significance.py), checked on the two published newstest2014 systems of ../shared/data/systems
+(transformer/evaluation/significance.py), checked on the two published newstest2014 systems of ../shared/data/systems
 against evaluate.py's own single-system scores and sacreBLEU's command line (`--paired-bs`, same seed)."""
 
 from __future__ import annotations

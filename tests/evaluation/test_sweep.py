@@ -1,4 +1,4 @@
-"""`evaluate.py checkpoint=<run_dir> checkpoints=all` (transformer/sweep.py): every kept checkpoint, best.pt,
+"""`evaluate.py checkpoint=<run_dir> checkpoints=all` (transformer/evaluation/sweep.py): every kept checkpoint, best.pt,
 averaged.pt and every last-k average scored; each row equals a single evaluation of that model, identical
 models are decoded once, and a rerun decodes nothing. The run is `tiny_run` (tests/conftest.py: numbered
 checkpoints at 250, 500, ..., 1500, averaged.pt = the last two), on the first lines of its test split."""

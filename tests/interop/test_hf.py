@@ -1,4 +1,4 @@
-"""transformer/hf.py against the real clients: `transformers` (MarianMTModel, MarianTokenizer, generate) and
+"""transformer/hf.py and transformer/interop/ against the real clients: `transformers` (MarianMTModel, MarianTokenizer, generate) and
 CTranslate2. Small random Marian models are built and saved by `transformers` itself, imported, and compared;
 the session's tiny trained model is exported and compared with translate.py's output."""
 

@@ -48,7 +48,7 @@ SKIPPED = {
                                                 "averaging command line (checkpoint.main)",
     "python benchmarks/": "a benchmark (minutes to hours, some need a GPU): its figures are in docs/BENCHMARKS.md; "
                           "tests/project/test_benchmarks.py runs gpu_check's steps",
-    "python -m transformer.table3": "needs a sweep of trained runs; tests/evaluation/test_table3.py runs the command on run "
+    "python -m transformer.evaluation.table3": "needs a sweep of trained runs; tests/evaluation/test_table3.py runs the command on run "
                                     "directories it writes",
     "python tests/project/test_bad_inputs.py": "prints the bad-input table; pytest runs the same cases",
     "python tools/table3_small.py": "trains a sweep of Table 3 rows on Multi30k (~1.5 h on one thread); "

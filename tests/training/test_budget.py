@@ -1,4 +1,4 @@
-"""train.max_time as the run's wall-clock budget (transformer/budget.py): the rule that decides whether the
+"""train.max_time as the run's wall-clock budget (transformer/training/budget.py): the rule that decides whether the
 next update fits, the clock carried over restarts, and the end of the run held to the deadline. The
 two-rank run that ends inside its budget is tests/training/test_multirank.py's; torchrun's restarts, test_reliability.py's."""
 

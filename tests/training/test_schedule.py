@@ -1,4 +1,4 @@
-"""transformer/schedule.py: the paper's Adam and its learning-rate schedule (§5.3), against the formulas."""
+"""transformer/training/schedule.py: the paper's Adam and its learning-rate schedule (§5.3), against the formulas."""
 
 import math
 

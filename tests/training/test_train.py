@@ -1,7 +1,7 @@
 """train.py end to end: the learning rate it uses, how it deals batches to ranks, resume, checkpoints,
 non-finite updates and stop signals.
 
-Every run trains a 1+1-layer, d_model=16 model on a few hundred generated pairs (data/quickstart_corpus.py)
+Every run trains a 1+1-layer, d_model=16 model on a few hundred generated pairs (quickstart/corpus.py)
 that share one vocabulary and one encoded-data cache (the `corpus` fixture), in-process through
 `train.main(overrides)` unless the property needs another process. Weights are compared only between
 runs at the same thread count (one: torchrun gives each rank one thread, and on a shared 2-core machine

@@ -1,4 +1,4 @@
-"""The decoding library: load a model, translate text (scoring a corpus: transformer/validation.py).
+"""The decoding library: load a model, translate text (scoring a corpus: transformer/evaluation/measures.py).
 
 - `Translator.load(checkpoint, device=, beam=, ...)`: a model or an ensemble with its vocabulary and search
   settings, from run directories or .pt files, keeping only the weights (not the Adam moments of last.pt).
@@ -7,7 +7,7 @@
 - `translate_ids`: token batching around `beam_search`, in input order, with the search settings of one
   `DecodeConfig`.
 
-translate.py and evaluate.py are thin command lines over this module and transformer/validation.py.
+translate.py and evaluate.py are thin command lines over this module and transformer/evaluation/measures.py.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
 - the Table 2 / 3 row evaluate.py appends to the results table.
 
 It reuses evaluate.py's translations (nothing is decoded again): the attention comes from one
-teacher-forced pass over a translation (transformer/alignment.py). Figures are drawn on matplotlib
+teacher-forced pass over a translation (transformer/evaluation/alignment.py). Figures are drawn on matplotlib
 `Figure`s rendered by the Agg canvas: no pyplot state, no display needed.
 """
 

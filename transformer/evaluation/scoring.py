@@ -1,5 +1,5 @@
 """Scoring translations: sacreBLEU, chrF, the paper's tokenized BLEU, the Multi30k papers' lcBLEU, and the
-package versions a score depends on (test sets: transformer/testsets.py; the results tables: tables.py).
+package versions a score depends on (test sets: transformer/evaluation/testsets.py; the results tables: tables.py).
 
 Pure functions over lists of strings and files; no model, no Hydra. evaluate.py wires them.
 

@@ -1,6 +1,6 @@
 """The runs of a Table 3 sweep collected into one table, laid out as the paper's Table 3 (docs/TABLE3.md).
 
-    python -m transformer.table3 runs/table3 [--set wmt13] [--out table3.md]
+    python -m transformer.evaluation.table3 runs/table3 [--set wmt13] [--out table3.md]
 
 Every run directory below the folder (one holding config.yaml, as train.py writes it: runs/table3/<row>, or
 runs/table3/<row>/<job number> from a Hydra multirun) is one row, named after its folder. What a row shows
@@ -185,7 +185,7 @@ def collect(folder: str | Path, *, testset: str | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m transformer.table3", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m transformer.evaluation.table3", description=__doc__.split("\n")[0])
     parser.add_argument("folder", help="the folder of the sweep's run directories, e.g. runs/table3")
     parser.add_argument("--set", dest="testset", metavar="NAME",
                         help="the eval/ folder of the dev evaluation (default: the one named after newstest2013)")
