@@ -10,8 +10,8 @@
 stdout: one line per metric (sacreBLEU's BLEU and chrF with their signatures, the paper's `tokBLEU|...`; with
 `tok_ref=`, the Multi30k papers' `lcBLEU|...`). Hypotheses, scores.json and (report=true, the default for a
 run directory) report.md go to `out` (default run_dir/eval/<test set>/); a row is appended to `table` (default
-run_dir/eval/table.md) in the layout of the paper's Table 2 or 3. The pieces: transformer/evaluation.py;
-several hyp= files: transformer/significance.py; checkpoints=all: transformer/sweep.py.
+run_dir/eval/table.md) in the layout of the paper's Table 2 or 3. The pieces: transformer/evaluation/steps.py;
+several hyp= files: transformer/evaluation/significance.py; checkpoints=all: transformer/evaluation/sweep.py.
 """
 
 from __future__ import annotations
@@ -23,19 +23,19 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from transformer import evaluation
+from transformer.evaluation import steps as evaluation
 from transformer.cli import ConfigError, compose_config, decode_request, hydra_app, setup_logging, to_job
 from transformer.config import EvaluateJob
 from transformer.distributed import pick_device
-from transformer.evaluation import TestSet
+from transformer.evaluation.steps import TestSet
 from transformer.kernels import keep_freed_memory
-from transformer.report import Evaluation, write_report
-from transformer.tables import append_table_row
+from transformer.evaluation.report import Evaluation, write_report
+from transformer.evaluation.tables import append_table_row
 from transformer.search import Ensemble
-from transformer.significance import paired_significance
-from transformer.sweep import sweep_checkpoints, sweep_run_dir
-from transformer.translation import Translator
-from transformer.validation import write_results
+from transformer.evaluation.significance import paired_significance
+from transformer.evaluation.sweep import sweep_checkpoints, sweep_run_dir
+from transformer.decoding.translation import Translator
+from transformer.evaluation.measures import write_results
 
 log = logging.getLogger("evaluate")
 

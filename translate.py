@@ -2,8 +2,8 @@
 
 Exactly one output line per input line, in order (k lines with `decode.nbest=k`, Moses n-best style);
 stdout carries translations only, everything else goes to stderr. The input is read and translated
-`chunk_lines` lines at a time (transformer/corpus_translation.py: into a file, resumable and shardable). The
-work is done by transformer/translation.py (`Translator`); this file is its command line.
+`chunk_lines` lines at a time (transformer/decoding/corpus_translation.py: into a file, resumable and shardable). The
+work is done by transformer/decoding/translation.py (`Translator`); this file is its command line.
 
     python translate.py checkpoint=runs/quickstart < src.txt > hyp.txt
     python translate.py checkpoint=[a.pt,b.pt] input=src.txt output=hyp.txt   # an ensemble
@@ -25,16 +25,16 @@ from typing import Sequence, TextIO
 
 from omegaconf import DictConfig, ListConfig
 
-from transformer.alignment import Aligner, default_alignment_layer, format_alignment
+from transformer.evaluation.alignment import Aligner, default_alignment_layer, format_alignment
 from transformer.cli import ConfigError, compose_config, decode_request, hydra_app, setup_logging, to_job
 from transformer.config import TranslateJob
-from transformer.corpus_translation import Render, Shard, translate_file, translate_stream
+from transformer.decoding.corpus_translation import Render, Shard, translate_file, translate_stream
 from transformer.distributed import pick_device
 from transformer.kernels import keep_freed_memory
 from transformer.search import Ensemble
 from data.lines import arriving_lines, decode_line
 from transformer import checkpoint as ckpt
-from transformer.translation import Translation, Translator
+from transformer.decoding.translation import Translation, Translator
 
 log = logging.getLogger("translate")
 

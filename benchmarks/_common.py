@@ -1,6 +1,6 @@
 """Shared pieces of the benchmarks: the machine, timing, the matmul peak, the peer model, the Markdown output.
 
-The peer is Hugging Face's `MarianMTModel` holding the weights of a random model of ours (transformer/hf.py's
+The peer is Hugging Face's `MarianMTModel` holding the weights of a random model of ours (transformer/interop/marian.py's
 export: the same function, the same token ids), so the engines compute the same translations. It keeps
 what Marian has and the paper has not: biases on the attention projections and a `final_logits_bias`
 (zero, but added), and sinusoids laid out as [sin ... | cos ...] (the model dimension permuted to match).
@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from transformer import hf, kernels  # noqa: E402
+from transformer.interop import marian
+from transformer import kernels  # noqa: E402
 from transformer.kernels import keep_freed_memory  # noqa: E402
 from transformer.model import Transformer, TransformerConfig  # noqa: E402
 
@@ -145,8 +146,8 @@ def ours_model(config: TransformerConfig, device: torch.device) -> Transformer:
 
 
 def marian_model(config: TransformerConfig, device: torch.device):
-    """`MarianMTModel` with the weights of `ours_model(config)` (transformer/hf.py `marian_model`)."""
-    model = hf.marian_model(ours_model(config, torch.device("cpu"))).to(device)
+    """`MarianMTModel` with the weights of `ours_model(config)` (transformer/interop/marian.py `marian_model`)."""
+    model = marian.marian_model(ours_model(config, torch.device("cpu"))).to(device)
     embeddings = {id(model.model.encoder.embed_tokens.weight), id(model.model.decoder.embed_tokens.weight),
                   id(model.lm_head.weight)}
     if len(embeddings) != 1:

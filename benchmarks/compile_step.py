@@ -5,7 +5,7 @@
 
 A training step as train.py makes it (forward, label-smoothed loss, backward, fused Adam) on a small model
 (d_model 256, 3+3 layers, 8k vocabulary: 10M parameters), once eager and once through
-`transformer.training.compile_for_batches` (torch.compile, inductor, dynamic shapes). The batches have the shapes token
+`transformer.training.run.compile_for_batches` (torch.compile, inductor, dynamic shapes). The batches have the shapes token
 batching gives: 24 random (B, S, T) with B × max(S, T) ≈ 5000 tokens; every shape is stepped once to warm up
 (and compile), then the 24 are timed in turns with the other engine, several rounds, medians per step.
 Recompilations are counted (dynamo's frame counter): the point of `compile_for_batches` is that there are
@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from _common import load_average, load_remark, machine, median, write_section  # noqa: E402
-from transformer.training import compile_for_batches  # noqa: E402
+from transformer.training.run import compile_for_batches  # noqa: E402
 from transformer.loss import label_smoothed_nll  # noqa: E402
 from transformer.model import Transformer, TransformerConfig  # noqa: E402
-from transformer.schedule import make_optimizer  # noqa: E402
+from transformer.training.schedule import make_optimizer  # noqa: E402
 
 HEADING = "## torch.compile on CPU"
 
@@ -108,7 +108,7 @@ def measure(rounds: int, count: int, tokens: int) -> str:
         f"| eager | {eager * 1000:.0f} ms | | |",
         f"| `train.compile=true` (inductor, dynamic shapes) | {compiled * 1000:.0f} ms ({eager / compiled:.2f}× eager) "
         f"| {first_pass:.0f} s, {frames_after_warmup} graphs | {recompiled} |", "",
-        "tests/test_compile.py checks the graph count on every run of the suite (40 shapes, no recompilation).", "",
+        "tests/training/test_compile.py checks the graph count on every run of the suite (40 shapes, no recompilation).", "",
     ])
 
 

@@ -11,10 +11,10 @@ for every engine and sentence, so every engine runs 30 decoder steps over the sa
   is the only token allowed (30 tokens counting EOS);
 - HF: `generate(min_new_tokens=30, max_new_tokens=30, num_beams=4 or 1, do_sample=False)`;
 - CTranslate2: `translate_batch(min_decoding_length=30, max_decoding_length=30, beam_size=4 or 1)`, built from
-  our model by transformer/ct2_export.py (`ctranslate2_spec`, CTranslate2's own spec API; float32 on disk, int8 is
+  our model by transformer/interop/ct2_export.py (`ctranslate2_spec`, CTranslate2's own spec API; float32 on disk, int8 is
   CTranslate2's quantisation at load time).
 The length penalty is the plain |Y|^1.0 (`lenpen_style="power"`) everywhere. Generated tokens/s =
-100 × 30 / seconds. The weights are random and the same in every engine (transformer/hf.py exports ours to Marian and
+100 × 30 / seconds. The weights are random and the same in every engine (transformer/interop/marian.py exports ours to Marian and
 CTranslate2); the work per token is what is measured, not the output. Threads are matched:
 `torch.set_num_threads(n)` for ours and Marian, `intra_threads=n, inter_threads=1` for CTranslate2.
 bf16 ("fast mode") is our model's weights cast to bfloat16, compared with CTranslate2's int8; ours int8 is
@@ -36,7 +36,8 @@ import torch
 
 from _common import (alternate, describe, load_average, load_remark, machine, marian_model, median,
                      model_configs, ours_model, print_profile, random_tokens, table, versions, write_section)
-from transformer import ct2_export, kernels
+from transformer.interop import ct2_export
+from transformer import kernels
 from transformer.model import TransformerConfig
 from transformer.search import beam_search, greedy_search
 

@@ -28,10 +28,10 @@ from transformer import model as model_module
 from transformer import search as search_module
 from transformer.config import DecodeConfig
 from transformer.kernels import keep_freed_memory
-from transformer.scoring import sacrebleu_scores
+from transformer.evaluation.scoring import sacrebleu_scores
 from transformer.search import SearchWork
-from transformer.testsets import read_lines
-from transformer.translation import Translator
+from transformer.evaluation.testsets import read_lines
+from transformer.decoding.translation import Translator
 
 HEADING = "## Decoding batch"
 DEFAULT_MAX_TOKENS = DecodeConfig().max_tokens

@@ -35,11 +35,11 @@ The same weights in every engine, each translating text to text (tokenisation an
 - ours fp32: `Translator.load(RUN, "cpu").with_decode(beam=4, lenpen=α, lenpen_style="power").translate(lines)`,
   the path of translate.py: its own token batching (at most decode.max_tokens = 8000 source tokens a batch,
   sorted by length, longest first).
-- Marian generate fp32: the model written by `transformer.hf.export_marian`, loaded with
+- Marian generate fp32: the model written by `transformer.interop.marian.export_marian`, loaded with
   `MarianMTModel.from_pretrained` and `MarianTokenizer.from_pretrained` as a Hugging Face user does; the
   lines sorted by source length (longest first) and cut into batches of 32 sentences; `generate(num_beams=4,
   do_sample=False, length_penalty=α, early_stopping="never")`, then `batch_decode(skip_special_tokens=True)`.
-- CTranslate2 float32 and int8: the models written by `transformer.ct2_export.export_ctranslate2` (CTranslate2's own
+- CTranslate2 float32 and int8: the models written by `transformer.interop.ct2_export.export_ctranslate2` (CTranslate2's own
   spec writer; int8 quantised at conversion, `quantization="int8"`, loaded with `compute_type="int8"`), the
   lines as SentencePiece pieces of its source.spm; `translate_batch(beam_size=4, length_penalty=α, patience=4,
   max_batch_size=32, batch_type="examples")`, which sorts by length and batches itself (32 examples: the
@@ -58,7 +58,7 @@ config's `bad_words_ids`, CTranslate2 by `suppress_sequences`); EOS is allowed f
 - when beam search stops. Ours runs while an open hypothesis could still beat the best finished one within
   its cap (an exact search), as generate's `early_stopping="never"` does (its default, False, is a
   heuristic); CTranslate2 has no such rule: it stops once beam × patience hypotheses have ended, and
-  patience=4 (its default is 1) is the setting at which its output agrees with ours (tests/test_hf.py).
+  patience=4 (its default is 1) is the setting at which its output agrees with ours (tests/interop/test_hf.py).
   `CTranslate2 float32, patience 1` and `ours fp32, patience 1` search by CTranslate2's default rule in both
   engines (ours `decode.stop=patience decode.patience=1`), which stops sooner than the exact rule and may
   change a line; those two are compared with each other.
@@ -82,7 +82,7 @@ and beam 4, how many outputs are the same string as ours (target: every greedy l
 HF and CTranslate2 float32; int8 is shown, not held to it: quantisation changes the function). These runs cap
 every engine at the same length for every sentence (the longest source of the 200 lines + 50 tokens: ours
 `max_len_a=0`, generate `max_new_tokens` of that + 1 with EOS forced, CTranslate2 `max_decoding_length`), as
-tests/test_hf.py does: with each engine's own cap a runaway hypothesis ends at a different length in each
+tests/interop/test_hf.py does: with each engine's own cap a runaway hypothesis ends at a different length in each
 (on the Multi30k model, every one of the 6 greedy lines of 200 that differed was such a runaway, equal to ours
 up to the shorter cap).
 """
@@ -101,13 +101,13 @@ import torch
 from _common import (ROOT, alternate, check_heading, describe, load_average, load_remark, machine, median,
                      print_profile, publish, table, versions)
 from transformer import checkpoint as ckpt
-from transformer import ct2_export, hf
+from transformer.interop import ct2_export, marian
 from transformer.kernels import keep_freed_memory
-from transformer.scoring import sacrebleu_scores
-from transformer.testsets import read_lines
+from transformer.evaluation.scoring import sacrebleu_scores
+from transformer.evaluation.testsets import read_lines
 from transformer import search as search_module
 from transformer.search import SearchWork
-from transformer.translation import Translator
+from transformer.decoding.translation import Translator
 
 HEADING = "## Decoding real text"
 DEFAULT_TEXT = ROOT.parent.resolve() / "shared" / "data" / "multi30k" / "test_2016_flickr"
@@ -218,7 +218,7 @@ def build_engines(translator: Translator, workdir: Path, lenpen: float, names: l
                OURS_P1: Ours(translator, lenpen, stop="patience", patience=1.0)}
     engines = {name: engine for name, engine in engines.items() if name in names}
     if MARIAN in names:
-        engines[MARIAN] = MarianGenerate(hf.export_marian(model, vocab, workdir / "hf", src_lang=translator.src_lang,
+        engines[MARIAN] = MarianGenerate(marian.export_marian(model, vocab, workdir / "hf", src_lang=translator.src_lang,
                                                           tgt_lang=translator.tgt_lang), lenpen)
     ct2_dirs = {}  # engine: (directory, compute type, patience)
     if CT2_FLOAT32 in names or CT2_P1 in names:
@@ -397,7 +397,7 @@ def section(args, translator: Translator, facts: dict, *, rows: list[list], pari
         f"CTranslate2).", "",
         f"Text: {text}. Model: {facts['checkpoint'].name} of `{args.run_dir}` (update "
         f"{translator.checkpoints[0].get('step')}), {describe(translator.model.config)}, the same weights in every "
-        f"engine (transformer/hf.py). Search: beam {BEAM}, length penalty |Y|^{args.lenpen:g} in every engine (ours "
+        f"engine (transformer/interop/marian.py). Search: beam {BEAM}, length penalty |Y|^{args.lenpen:g} in every engine (ours "
         f"`lenpen_style=power`), at most |source| + {MAX_LEN_B} tokens (HF and CTranslate2: the longest source of "
         f"the batch or text + {MAX_LEN_B}), generate with `early_stopping=\"never\"`, CTranslate2 with patience "
         f"{CT2_PATIENCE} (`{CT2_P1}`: its default, 1). Batches: ours its own token batching "

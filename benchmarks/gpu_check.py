@@ -32,7 +32,7 @@ from _common import describe, machine, matmul_peak, median, table, versions, wri
 from train_step import step_flops
 from transformer.loss import label_smoothed_nll
 from transformer.model import Transformer, TransformerConfig
-from transformer.schedule import make_optimizer
+from transformer.training.schedule import make_optimizer
 from transformer.search import beam_search
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -36,7 +36,7 @@ from train_step import step_flops  # noqa: E402
 from data.batching import BatchStream, Prefetcher  # noqa: E402
 from data.pipeline import prepare  # noqa: E402
 from transformer.model import TransformerConfig  # noqa: E402
-from transformer.training import plan_update  # noqa: E402
+from transformer.training.start import plan_update  # noqa: E402
 
 HEADING = "## Input path"
 H200_BF16_PEAK = 989e12  # FLOP/s, dense bf16 (NVIDIA's H200 datasheet)

@@ -23,7 +23,7 @@ from _common import machine
 from transformer import kernels
 from transformer.loss import label_smoothed_nll
 from transformer.model import Transformer, TransformerConfig
-from transformer.schedule import make_optimizer
+from transformer.training.schedule import make_optimizer
 
 
 def main() -> None:

@@ -7,7 +7,7 @@
 
 Both engines get the same batch (64 sentences × 32 source tokens, 64 × 32 target tokens, no padding), the
 same loss function (`transformer.loss.label_smoothed_nll`, ε = 0.1, computed from each model's logits), the
-same Adam (`transformer.schedule.make_optimizer`: torch's fused Adam) and the same dropout 0.1,
+same Adam (`transformer.training.schedule.make_optimizer`: torch's fused Adam) and the same dropout 0.1,
 in training mode. Each engine's step is timed in turns with the other's (A B A B ...), medians after warm-up.
 
 MFU = counted FLOPs / time / matmul peak, the peak measured in the same run: on CPU the faster of float32
@@ -34,7 +34,7 @@ from _common import (alternate, describe, load_average, load_remark, machine, ma
 from transformer.loss import label_smoothed_nll
 from transformer.kernels import _ONEDNN_LINEAR, _onednn
 from transformer.model import Transformer, TransformerConfig
-from transformer.schedule import make_optimizer
+from transformer.training.schedule import make_optimizer
 
 HEADING_CPU = "## Training step"
 HEADING_GPU = "## GPU: training step"

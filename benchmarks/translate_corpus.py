@@ -9,7 +9,7 @@ in turns):
 - ours: `python translate.py checkpoint=RUN input=IN output=OUT device=cpu quiet=true` with the search below:
   streaming in chunks of `chunk_lines` lines, each chunk written to `OUT.parts/` and joined at the end
   (docs/BACKTRANSLATION.md), so the resumable path is what is timed;
-- CTranslate2: a Python process that loads the model written by `transformer.ct2_export.export_ctranslate2`
+- CTranslate2: a Python process that loads the model written by `transformer.interop.ct2_export.export_ctranslate2`
   and calls `translate_file(IN, OUT, source_tokenize_fn=, target_detokenize_fn=)` with the run's SentencePiece
   models (`max_batch_size=32`, examples, its default).
 The searches (`--threads` threads each: torch threads, CTranslate2's intra_threads):
@@ -38,8 +38,8 @@ from pathlib import Path
 import torch
 
 from _common import ROOT, load_average, load_remark, machine, median, table, versions, write_section
-from transformer import ct2_export
-from transformer.translation import Translator
+from transformer.interop import ct2_export
+from transformer.decoding.translation import Translator
 
 HEADING = "## Translating a monolingual corpus"
 SEARCHES = {"beam 4": {"ours": ["decode.beam=4", "decode.lenpen_style=power", "decode.lenpen=1"],

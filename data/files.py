@@ -18,7 +18,7 @@ from typing import Any, Callable
 from data.errors import WriteError
 
 # Test-only crash hook. TRANSFORMER_CRASH_AT=<point>[:<n>] SIGKILLs this process the n-th time (default: the
-# first) it reaches the named point of a checkpoint write, so that tests/test_reliability.py and
+# first) it reaches the named point of a checkpoint write, so that tests/training/test_reliability.py and
 # tools/crash_soak.py can prove that a crash anywhere leaves every checkpoint readable and resume exact.
 # Unset (always, outside those tests) it costs one dictionary lookup per checkpoint written.
 CRASH_POINTS = (

@@ -6,7 +6,7 @@
   appears). A user's own model (`data.spm_model`) must use the same four ids. Text goes through
   SentencePiece's `nmt_nfkc` normalisation (NFKC, some control characters removed, whitespace runs
   collapsed), so `decode(encode(x)) == normalize(x)`, not always `x`.
-- `MarianVocab` (imported OPUS-MT / Marian models, transformer/hf.py): a source and a target SentencePiece
+- `MarianVocab` (imported OPUS-MT / Marian models, transformer/interop/marian.py): a source and a target SentencePiece
   model whose pieces share one id table (Marian's `vocab.json`; or one table per side, `target_vocab.json`).
   Ids are carried as Marian numbers them, not remapped: EOS=0, UNK=1, PAD = the id of `<pad>` (the last one
   in OPUS-MT models), no BOS: the decoder starts with PAD (bos_id = pad_id; another decoder start id is

@@ -174,7 +174,7 @@ def session_directory(tmp_path_factory, name: str) -> Path:
 def corpus(tmp_path_factory):
     """The training tests' generated corpus (`helpers.Corpus`): 300 training pairs, 16 validation pairs, a
     400-piece vocabulary and the encoded cache, prepared once a module."""
-    from data.quickstart_corpus import write_corpus
+    from quickstart.corpus import write_corpus
     from helpers import Corpus, train_main
 
     c = Corpus(tmp_path_factory.mktemp("train_corpus"))

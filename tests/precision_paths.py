@@ -1,6 +1,6 @@
 """Every documented precision path of the CPU, run once: `python tests/precision_paths.py OUT.pt`.
 
-tests/test_cpu_capability.py runs this in two subprocesses, one native and one with the CPU capped to AVX2
+tests/core/test_cpu_capability.py runs this in two subprocesses, one native and one with the CPU capped to AVX2
 (`ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`, where oneDNN refuses bf16), and compares what both
 wrote: the same paths must work under both and give the same numbers up to each precision's rounding.
 """
@@ -19,7 +19,7 @@ from transformer import kernels  # noqa: E402
 from transformer.config import DecodeConfig  # noqa: E402
 from transformer.loss import label_smoothed_nll  # noqa: E402
 from helpers import tiny_model  # noqa: E402
-from transformer.translation import translate_ids  # noqa: E402
+from transformer.decoding.translation import translate_ids  # noqa: E402
 
 
 def train_update(precision: str) -> dict[str, float]:

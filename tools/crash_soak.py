@@ -2,7 +2,7 @@
 checkpoint is ever unreadable and that the final weights are bit-identical to an uninterrupted run.
 
     python tools/crash_soak.py --kills 20                  # the documented soak (docs/RELIABILITY.md)
-    python tools/crash_soak.py --kills 8 --json out.json   # what tests/test_reliability.py runs in CI
+    python tools/crash_soak.py --kills 8 --json out.json   # what tests/training/test_reliability.py runs in CI
 
 Kills alternate between random moments (a SIGKILL from this process after a random delay: start-up, a
 forward pass, the middle of a checkpoint write, ...) and the named points inside checkpoint writes that
@@ -259,7 +259,7 @@ def run_overrides(data_overrides: list[str], run_dir: Path, steps: int) -> list[
 
 def prepare_corpus(workdir: Path) -> list[str]:
     """A generated corpus, its vocabulary and encoded cache (built in a child); the data overrides."""
-    from data.quickstart_corpus import write_corpus
+    from quickstart.corpus import write_corpus
 
     corpus = workdir / "corpus"
     write_corpus(corpus, train=300, valid=16, test=0, seed=1)

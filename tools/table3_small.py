@@ -16,7 +16,7 @@ tokens); the second base seed (`base_seed2`, seed=2) measures the noise between 
 
 Each row, one after another, in `<out>/<row>` (default runs/table3_small): train.py, then evaluate.py on the
 validation set with last.pt (as the paper's Table 3: the last checkpoint, no averaging, beam 4, α 0.6), then
-`python -m transformer.table3 <out> --set val` collects the rows into `<out>/table3.md`. A row whose
+`python -m transformer.evaluation.table3 <out> --set val` collects the rows into `<out>/table3.md`. A row whose
 evaluation exists is skipped, and train.py resumes a row that was stopped, so the same command continues a
 sweep. Extra `key=value` arguments go to every row's train.py (e.g. train.max_steps=200 for a quick look).
 """
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
              *args.overrides], args.dry_run)
         run([sys.executable, "evaluate.py", f"checkpoint={run_dir}/checkpoints/last.pt", f"src={VALID}.en",
              f"ref={VALID}.de", "split=dev", "report=false"], args.dry_run)
-    run([sys.executable, "-m", "transformer.table3", str(out), "--set", "val", "--out", str(out / "table3.md")],
+    run([sys.executable, "-m", "transformer.evaluation.table3", str(out), "--set", "val", "--out", str(out / "table3.md")],
         args.dry_run)
     return 0
 

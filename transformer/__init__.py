@@ -1,6 +1,6 @@
 """The original Transformer: model, search and training pieces.
 
-`from transformer import Translator` is the Python API for translating (transformer/translation.py). It is
+`from transformer import Translator` is the Python API for translating (transformer/decoding/translation.py). It is
 imported on first use, so that `import transformer.model` still loads nothing of decoding, data or Hydra.
 """
 
@@ -26,7 +26,7 @@ _check_data_package()
 
 def __getattr__(name: str):
     if name in __all__:
-        from transformer import translation
+        from transformer.decoding import translation
 
         return getattr(translation, name)
     raise AttributeError(f"module 'transformer' has no attribute {name!r}")

@@ -62,7 +62,7 @@ class TrainState:
     stale: int = 0  # validations since the best one (train.patience)
     train_seconds: float = 0.0  # training time: updates only, validation and saving excluded (throughput)
     wall_seconds: float = 0.0  # the run's wall clock up to this checkpoint, all processes (train.max_time)
-    # The measured costs (transformer/budget.py), so that a resumed run prices its work from the start:
+    # The measured costs (transformer/training/budget.py), so that a resumed run prices its work from the start:
     update_seconds: float = 0.0  # the slowest recent update
     validation_seconds: float = 0.0  # the slowest recent validation
     save_seconds: float = 0.0  # the latest checkpoint write

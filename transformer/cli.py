@@ -14,7 +14,6 @@ import logging
 import os
 import re
 import sys
-from pathlib import Path
 from typing import Callable, Sequence
 
 import hydra
@@ -28,7 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 from data.errors import ConfigError, DataError, WriteError, one_line
 from transformer import config as schema
 from transformer.checkpoint import CheckpointError
-from transformer.config import DecodeConfig
+from transformer.config import DecodeConfig, config_dir
 from transformer.distributed import PeerFailure
 
 
@@ -53,9 +52,9 @@ def _schema(obj) -> DictConfig:
 
 
 def register() -> None:
-    """Register the schemas (`<job>_schema`, e.g. `config_schema`, first in each job's defaults list), the
-    model presets (`model=base`, `model=big`) with Hydra's ConfigStore, and the `sweep_dir` resolver of
-    configs/app.yaml. Idempotent."""
+    """Register the schemas (`<job>_schema`, e.g. `config_schema`, first in each job's defaults list) with
+    Hydra's ConfigStore, and the `sweep_dir` resolver of configs/app.yaml. Idempotent. The presets of every
+    group, the model's included, are the YAML files of configs/, merged onto these schemas (which check them)."""
     from hydra.core.config_store import ConfigStore  # here: the dataclasses are used without Hydra too
 
     if not OmegaConf.has_resolver("sweep_dir"):  # configs/app.yaml: where a multirun writes multirun.yaml
@@ -63,8 +62,6 @@ def register() -> None:
     store = ConfigStore.instance()
     for name, job in schema.JOBS.items():
         store.store(name=f"{name}_schema", node=_schema(job))
-    for name, preset in schema.MODEL_PRESETS.items():
-        store.store(group="model", name=name, node=_schema(preset))
 
 
 def to_job(cfg: DictConfig, job: str = "config"):
@@ -79,18 +76,6 @@ def to_job(cfg: DictConfig, job: str = "config"):
     except (TypeError, ValueError) as error:  # e.g. a dataclass refusing a key: name it in one line
         raise ConfigError(str(error).splitlines()[0]) from None
 
-
-def config_dir() -> Path:
-    """The Hydra config tree: `transformer/configs` where a wheel installed it (pyproject.toml ships the
-    checkout's `configs/` there, for the console scripts), else `configs/` beside the package in a checkout
-    or an editable install. The installed copy is looked for first: the folder above an installed package
-    is site-packages, where another project's `configs` may lie."""
-    package = Path(__file__).resolve().parent
-    for candidate in (package / "configs", package.parent / "configs"):
-        if (candidate / "config.yaml").is_file():
-            return candidate
-    raise ConfigError(f"no Hydra configs in {package / 'configs'} or {package.parent / 'configs'}: run from a "
-                      "checkout of the project or reinstall it (pip install .)")
 
 log = logging.getLogger("transformer")
 

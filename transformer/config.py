@@ -9,8 +9,9 @@ them with Hydra's ConfigStore (`register()`) as the schemas of `configs/{config,
 so OmegaConf refuses a value of the wrong type or an unknown key and names it, and `to_job(cfg)` turns a
 composed config into the job's dataclass, running those checks.
 
-The defaults are the paper's: `ModelConfig()` is the base model (Table 3), `MODEL_PRESETS["big"]` the big
-one (`model=big`; every model preset is there), `TrainConfig()` the §5 recipe and `DecodeConfig()` §6.1's search.
+The defaults are the paper's: `ModelConfig()` is the base model (Table 3), `TrainConfig()` the §5 recipe and
+`DecodeConfig()` §6.1's search. The model presets (`model=base|big|tiny`) are YAML files, configs/model/, like
+every other preset; `model_preset(name)` reads one from Python through the same schema.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from data.config import DataConfig, at_least, one_of, require
@@ -38,7 +40,7 @@ class ModelConfig:
     decoder_layers: int = 6
     dropout: float = 0.1
     norm_first: bool = False  # False: the paper's post-norm. True: pre-norm, a later variant.
-    # Variants that Marian / OPUS-MT checkpoints use (transformer/hf.py imports them); off = the paper.
+    # Variants that Marian / OPUS-MT checkpoints use (transformer/interop/marian.py imports them); off = the paper.
     activation: str = "relu"  # the feed-forward's nonlinearity: relu (§3.3) | gelu | swish
     attention_bias: bool = False  # biases on W^Q, W^K, W^V and W^O (the paper's projections have none)
     scale_embedding: bool = True  # embeddings × √d_model (§3.4); Marian's converted models: false
@@ -100,15 +102,32 @@ DATA_KEYS = ("src_lang", "tgt_lang", "vocab_size", "spm_model", "dataset", "subs
              "valid_prefix", "test_prefix", "train_split", "valid_split", "test_split", "max_len", "max_len_ratio",
              "dedup")
 
-MODEL_PRESETS = {
-    # Table 3's "base" and "big" rows. Parameters with the 37000-piece vocabulary: 63.0M and 214.2M, where the
-    # paper says 65M and 213M (docs/TABLE3.md, "Parameter counts", explains the difference).
-    "base": ModelConfig(),  # N=6, d_model=512, d_ff=2048, h=8, d_k=d_v=64, P_drop=0.1
-    "big": ModelConfig(d_model=1024, heads=16, d_ff=4096, dropout=0.3),  # d_k=d_v=64, P_drop=0.3
-    # Not the paper's: a small model for the quickstart and smoke runs on a CPU (1.1M parameters with the
-    # quickstart's 1000-piece vocabulary). Tests set their own, smaller sizes.
-    "tiny": ModelConfig(d_model=128, heads=4, d_ff=512, encoder_layers=2, decoder_layers=2),
-}
+def config_dir() -> Path:
+    """The Hydra config tree: `transformer/configs` where a wheel installed it (pyproject.toml ships the
+    checkout's `configs/` there, for the console scripts), else `configs/` beside the package in a checkout
+    or an editable install. The installed copy is looked for first: the folder above an installed package
+    is site-packages, where another project's `configs` may lie."""
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "configs", package.parent / "configs"):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise ConfigError(f"no Hydra configs in {package / 'configs'} or {package.parent / 'configs'}: run from a "
+                      "checkout of the project or reinstall it (pip install .)")
+
+
+def model_preset(name: str) -> ModelConfig:
+    """The model preset `model=<name>` (configs/model/<name>.yaml: base, big, tiny) without Hydra, checked by
+    the same schema: ModelConfig refuses an unknown key and checks the values."""
+    import yaml  # here: only a preset read from Python needs it (Hydra reads them for the entry points)
+
+    path = config_dir() / "model" / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"no model preset {name!r} in {path.parent}: choose one of "
+                          f"{sorted(p.stem for p in path.parent.glob('*.yaml'))}")
+    try:
+        return ModelConfig(**(yaml.safe_load(path.read_text(encoding="utf-8")) or {}))
+    except TypeError as error:
+        raise ConfigError(f"{path}: {error}") from None
 
 
 # ------------------------------------------------------------------------------------------------ train
@@ -119,7 +138,7 @@ FREEZABLE = ("encoder", "decoder", "embeddings")
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """`train.*`: the §5 recipe (Adam(0.9, 0.98, 1e-9) is fixed in transformer/schedule.py), the stopping
+    """`train.*`: the §5 recipe (Adam(0.9, 0.98, 1e-9) is fixed in transformer/training/schedule.py), the stopping
     rules, and how often to log, validate and save."""
 
     max_tokens: int = 4096  # most tokens per rank per forward pass: batch size × max(padded src, padded tgt length)
@@ -135,7 +154,7 @@ class TrainConfig:
     compile: bool = False
     max_steps: Optional[int] = 100000
     max_epochs: Optional[int] = None
-    max_time: Optional[float] = None  # the run's wall-clock budget in seconds, all restarts (transformer/budget.py)
+    max_time: Optional[float] = None  # the run's wall-clock budget in seconds, all restarts (transformer/training/budget.py)
     max_nonfinite: int = 10
     save_every_steps: int = 1500
     save_every_minutes: Optional[float] = 10
@@ -206,7 +225,7 @@ class DecodeConfig:
     sampling_topp: float = 1.0
     temperature: float = 1.0
     seed: int = 1
-    noise: bool = False  # noised back-translation (transformer/noise.py): delete, fill and shuffle output words
+    noise: bool = False  # noised back-translation (transformer/decoding/noise.py): delete, fill and shuffle output words
     noise_filler: str = "<blank>"
 
     def __post_init__(self) -> None:

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer.config import MODEL_PRESETS, ConfigError, ModelConfig
+from transformer.config import ConfigError, ModelConfig, model_preset
 from transformer.kernels import Linear, linear, scaled_dot_product_attention
 
 
@@ -92,13 +92,13 @@ class TransformerConfig(ModelConfig):
 
     @classmethod
     def base(cls, vocab_size: int = 37000, **overrides) -> TransformerConfig:
-        """Table 3, "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1 (config.MODEL_PRESETS["base"])."""
-        return cls(vocab_size=vocab_size, **{**dataclasses.asdict(MODEL_PRESETS["base"]), **overrides})
+        """Table 3, "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1 (configs/model/base.yaml)."""
+        return cls(vocab_size=vocab_size, **{**dataclasses.asdict(model_preset("base")), **overrides})
 
     @classmethod
     def big(cls, vocab_size: int = 37000, **overrides) -> TransformerConfig:
-        """Table 3, "big": N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3 (config.MODEL_PRESETS["big"])."""
-        return cls(vocab_size=vocab_size, **{**dataclasses.asdict(MODEL_PRESETS["big"]), **overrides})
+        """Table 3, "big": N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3 (configs/model/big.yaml)."""
+        return cls(vocab_size=vocab_size, **{**dataclasses.asdict(model_preset("big")), **overrides})
 
 
 def _is_int(value: object) -> bool:
@@ -499,7 +499,7 @@ class CrossAttention(nn.Module):
         [B*K, H, T, S] float32, 0 on padding keys.
 
         For looking at a model (reports, word alignments) only: `forward`'s fused kernel never materialises
-        them, and nothing in training or search calls this (transformer/alignment.py does, from a hook).
+        them, and nothing in training or search calls this (transformer/evaluation/alignment.py does, from a hook).
         """
         b, s = src_mask.shape
         rows, t, d = x.shape

@@ -1,0 +1,150 @@
+"""`evaluate.py checkpoint=<run_dir> checkpoints=all` (transformer/evaluation/sweep.py): every kept checkpoint, best.pt,
+averaged.pt and every last-k average scored; each row equals a single evaluation of that model, identical
+models are decoded once, and a rerun decodes nothing. The run is `tiny_run` (tests/conftest.py: numbered
+checkpoints at 250, 500, ..., 1500, averaged.pt = the last two), on the first lines of its test split."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import evaluate  # noqa: E402
+from helpers import run_evaluate, user_error  # noqa: E402
+from transformer import checkpoint as ckpt  # noqa: E402
+from transformer.evaluation.testsets import read_lines  # noqa: E402
+from transformer.decoding.translation import Translator  # noqa: E402
+
+LINES = 8  # test lines decoded per model: enough for scores that move between checkpoints, and fast
+
+
+@pytest.fixture
+def run(tiny_run, tmp_path) -> tuple[Path, Path, Path, list[int]]:
+    """(a copy of the tiny run, source, reference, the updates of its numbered checkpoints): the source and
+    reference are the first LINES lines of its test split."""
+    run_dir = tmp_path / "tiny"
+    shutil.copytree(tiny_run.run_dir / "checkpoints", run_dir / "checkpoints")
+    src, ref = tiny_run.files("test")
+    for path, name in ((src, "dev.en"), (ref, "dev.de")):
+        (tmp_path / name).write_text("".join(line + "\n" for line in read_lines(path)[:LINES]), encoding="utf-8")
+    steps = [step for step, _ in ckpt.list_numbered(run_dir)]
+    assert len(steps) >= 3 and ckpt.best_path(run_dir).is_file() and ckpt.averaged_path(run_dir).is_file()
+    return run_dir, tmp_path / "dev.en", tmp_path / "dev.de", steps
+
+
+@pytest.mark.slow
+def test_sweep_rows_equal_single_evaluations_and_a_rerun_decodes_nothing(run, tmp_path, capsys, monkeypatch,
+                                                                        one_torch_thread):
+    run_dir, src, ref, steps = run
+    before = sorted(p.name for p in ckpt.checkpoint_dir(run_dir).iterdir())
+    stdout = run_evaluate([f"checkpoint={run_dir}", f"src={src}", f"ref={ref}", "checkpoints=all"], capsys)
+    out = run_dir / "eval" / "dev"
+    result = json.loads((out / "checkpoints.json").read_text())
+    rows = {row["label"]: row for row in result["rows"]}
+    windows = [f"last {k}" for k in range(1, len(steps) + 1)]
+    assert list(rows) == [f"step-{s:08d}.pt" for s in steps] + ["best.pt", "averaged.pt"] + windows
+    assert [rows[w]["averaged_steps"] for w in windows] == [steps[-k:] for k in range(1, len(steps) + 1)]
+    assert rows["averaged.pt"]["averaged_steps"] == steps[-2:]
+
+    # identical models are decoded once: the newest checkpoint = its own average, averaged.pt = the last 2
+    assert rows["last 1"]["digest"] == rows[f"step-{steps[-1]:08d}.pt"]["digest"]
+    assert rows["averaged.pt"]["digest"] == rows["last 2"]["digest"]
+    assert result["decoded"] == len({row["digest"] for row in rows.values()}) < len(rows)
+
+    # each row is a single evaluation of that model: the files as they are, the averages as
+    # `python -m transformer.checkpoint average` writes them
+    for label, row in rows.items():
+        if row["kind"] == "window":
+            path = tmp_path / f"{label.replace(' ', '-')}.pt"
+            ckpt.save(ckpt.average([ckpt.numbered_path(run_dir, s) for s in row["averaged_steps"]]), path)
+        else:
+            path = ckpt.checkpoint_dir(run_dir) / label
+        single = tmp_path / "single" / label.replace(" ", "-")
+        run_evaluate([f"checkpoint={path}", f"src={src}", f"ref={ref}", f"out={single}",
+                      f"table={tmp_path / 'table.md'}"], capsys)
+        scores = json.loads((single / "scores.json").read_text())["scores"]
+        assert [row["bleu"], row["chrf"], row["tokbleu"]] == \
+            [scores["BLEU"]["score"], scores["chrF2"]["score"], scores["tokBLEU"]["score"]], label
+    assert len({row["chrf"] for row in rows.values()}) > 1  # the checkpoints do differ on these lines
+
+    # the table, the best window, what the sweep cannot see; the plot; checkpoints/ untouched
+    best = max((rows[w] for w in windows), key=lambda r: (r["bleu"], -r["window"]))
+    assert result["best_window"] == best["window"]
+    text = "\n".join(stdout)
+    assert f"Best averaging window: the last {best['window']} " in text
+    assert "train.keep_last=10" in text and f"the {len(steps)} numbered checkpoints" in text
+    assert (out / "checkpoints.md").read_text(encoding="utf-8") == text + "\n"
+    assert sum(line.startswith("| ") for line in stdout) == 2 + len(rows)
+    from matplotlib.image import imread
+
+    pixels = imread(out / "checkpoints.png")
+    assert pixels.shape[0] > 200 and pixels.shape[1] > 400 and pixels.std() > 0.05
+    assert sorted(p.name for p in ckpt.checkpoint_dir(run_dir).iterdir()) == before
+
+    # a rerun decodes nothing: no model is even loaded for translation
+    def refuse(*args, **kwargs):
+        raise AssertionError("the rerun decoded")
+
+    monkeypatch.setattr(Translator, "translate", refuse)
+    assert run_evaluate([f"checkpoint={run_dir}", f"src={src}", f"ref={ref}", "checkpoints=all"], capsys) == stdout[:-1] \
+        + [f"Decoded 0 of {len(rows)} rows now; the others came from {run_dir / 'eval' / 'cache'} or from an "
+           "identical model above."]
+    rerun = json.loads((out / "checkpoints.json").read_text())
+    assert rerun["decoded"] == 0 and all(row["cached"] for row in rerun["rows"])
+    assert [r["bleu"] for r in rerun["rows"]] == [r["bleu"] for r in result["rows"]]
+
+
+@pytest.mark.slow
+def test_other_decode_settings_or_another_test_set_are_decoded_again(run, tmp_path, capsys, one_torch_thread):
+    run_dir, src, ref, steps = run
+    args = [f"checkpoint={run_dir}", f"src={src}", f"ref={ref}", "checkpoints=all", f"out={tmp_path / 'out'}"]
+    run_evaluate(args, capsys)
+    unique = json.loads((tmp_path / "out" / "checkpoints.json").read_text())["decoded"]
+    run_evaluate(args + ["decode.beam=1", "decode.lenpen=0"], capsys)
+    assert json.loads((tmp_path / "out" / "checkpoints.json").read_text())["decoded"] == unique
+    (tmp_path / "src3.en").write_text("".join(line + "\n" for line in read_lines(src)[:3]), encoding="utf-8")
+    (tmp_path / "ref3.de").write_text("".join(line + "\n" for line in read_lines(ref)[:3]), encoding="utf-8")
+    run_evaluate([f"checkpoint={run_dir}", f"src={tmp_path / 'src3.en'}", f"ref={tmp_path / 'ref3.de'}",
+                  "checkpoints=all", f"out={tmp_path / 'out'}"], capsys)
+    assert json.loads((tmp_path / "out" / "checkpoints.json").read_text())["decoded"] == unique
+
+
+@pytest.mark.slow
+def test_a_pruned_run_is_swept_over_what_it_kept(run, capsys, one_torch_thread):
+    run_dir, src, ref, steps = run
+    for step in steps[:-2]:
+        ckpt.numbered_path(run_dir, step).unlink()
+    stdout = run_evaluate([f"checkpoint={run_dir}", f"src={src}", f"ref={ref}", "checkpoints=all"], capsys)
+    result = json.loads((run_dir / "eval" / "dev" / "checkpoints.json").read_text())
+    assert [row["label"] for row in result["rows"] if row["kind"] == "window"] == ["last 1", "last 2"]
+    assert f"the 2 numbered checkpoints in {ckpt.checkpoint_dir(run_dir)} (updates {steps[-2]}–{steps[-1]}" \
+        in "\n".join(stdout)
+
+
+@pytest.mark.parametrize("problem, words", [
+    ("pt", "is not a run directory: give checkpoint=<run_dir>"),
+    ("bogus", "checkpoints=some is not all"),
+    ("hyp", "checkpoints=all decodes with every checkpoint of a run: drop hyp="),
+    ("empty", "no numbered checkpoints"),
+])
+def test_bad_use_of_checkpoints_all_is_a_one_line_error(problem, words, tmp_path, capsys, monkeypatch):
+    (tmp_path / "src.en").write_text("a\n", encoding="utf-8")
+    (tmp_path / "ref.de").write_text("b\n", encoding="utf-8")
+    run_dir = tmp_path / "run"
+    ckpt.checkpoint_dir(run_dir).mkdir(parents=True)
+    checkpoint = ckpt.last_path(run_dir)
+    checkpoint.write_bytes(b"not read")
+    args = [f"src={tmp_path / 'src.en'}", f"ref={tmp_path / 'ref.de'}", "checkpoints=all"]
+    args += {"pt": [f"checkpoint={checkpoint}"], "bogus": [f"checkpoint={run_dir}", "checkpoints=some"],
+             "hyp": [f"checkpoint={run_dir}", f"hyp={tmp_path / 'ref.de'}"]}.get(problem, [f"checkpoint={run_dir}"])
+    if problem == "empty":
+        checkpoint.unlink()
+    line = user_error(evaluate, args, capsys, monkeypatch)
+    assert words in line, line

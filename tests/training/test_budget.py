@@ -1,0 +1,132 @@
+"""train.max_time as the run's wall-clock budget (transformer/training/budget.py): the rule that decides whether the
+next update fits, the clock carried over restarts, and the end of the run held to the deadline. The
+two-rank run that ends inside its budget is tests/training/test_multirank.py's; torchrun's restarts, test_reliability.py's."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from helpers import VOCAB, FakeClock, run, run_on_fake_clock, tiny_model
+from transformer import checkpoint as ckpt
+from transformer.training.budget import Budget, Costs, another_update_fits, process_age
+from transformer.config import DecodeConfig
+from transformer.decoding.translation import DeadlinePassed, translate_ids
+
+
+def test_another_update_fits_only_with_room_for_it_a_validation_the_last_save_and_the_end():
+    costs = Costs(update=2.0, validation=3.0, save=1.0, finish=4.0)  # 10 s after this update's own work
+    assert another_update_fits(10.0, costs, now=0.0)
+    assert not another_update_fits(9.9, costs, now=0.0)
+    assert not another_update_fits(12.0, costs, now=2.5)  # this update's validation and save come first
+    assert another_update_fits(12.5, costs, now=2.5)
+    assert another_update_fits(0.0, Costs(), now=0.0) and not another_update_fits(-0.1, Costs(), now=0.0)
+
+
+def test_the_budget_counts_earlier_processes_and_prices_the_end_of_the_run(monkeypatch):
+    clock = FakeClock(update=0.0, validation=0.0, save=0.0)
+    monkeypatch.setattr(time, "monotonic", clock)
+    budget = Budget(spent_before=100.0, started=clock() - 5.0)
+    assert budget.spent() == 105.0
+    assert budget.deadline(160.0) == clock() + 55.0
+    clock.now += 2.5
+    assert budget.spent() == 107.5 and budget.deadline(160.0) == clock() + 52.5
+    for seconds in (0.2, 0.5, 0.3):
+        budget.add_update(seconds)
+    budget.save, budget.decode_line = 2.0, 0.01
+    budget.validations.extend([7.0, 4.0])
+    costs = budget.costs(average_last=5, test_lines=3000)
+    # the slowest recent update and validation (their times vary with the load), the latest save
+    assert costs == Costs(update=0.5, validation=7.0, save=2.0, finish=2.0 * 6 + 30.0)
+    for _ in range(4):  # the 7 s validation leaves the window of the five most recent
+        with budget.timing("validation"):
+            clock.now += 1.0
+    with budget.timing("save"):
+        clock.now += 0.25
+    assert budget.validation == 4.0 and budget.save == 0.25
+    budget.validations.clear()
+    with budget.timing("validation"):
+        clock.now += 0.5
+    assert budget.validation == 0.5
+    with pytest.raises(ValueError, match="unknown kind 'valid'"):
+        with budget.timing("valid"):
+            pass
+
+
+def test_process_age_is_this_processs_age():
+    assert 0.0 <= process_age() < time.monotonic()  # 0.0 where /proc/uptime is virtualised (lxcfs containers)
+
+
+def test_the_wall_clock_is_saved_in_every_checkpoint_and_carried_over_a_resume(corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    first = run(corpus, run_dir, {"train.max_steps": 2, "train.save_every_steps": 1})
+    resumed = run(corpus, run_dir, {"train.max_steps": 4, "train.save_every_steps": 1})
+    assert 0 < first["wall_seconds"] < resumed["wall_seconds"]
+    assert resumed["wall_seconds"] > first["wall_seconds"] + resumed["train_seconds"] - first["train_seconds"]
+    assert first["wall_seconds"] >= first["train_seconds"]  # start-up, validation and saving count as well
+
+
+def test_a_resumed_run_whose_budget_is_spent_stops_before_another_update(corpus, tmp_path, capfd):
+    run_dir = tmp_path / "run"
+    first = run(corpus, run_dir, {"train.max_steps": 2, "train.save_every_steps": 1})
+    again = run(corpus, run_dir, {"train.max_steps": 10, "train.max_time": first["wall_seconds"] * 0.9})
+    assert again["step"] == 2
+    assert "training stopped at update 2: max_time=" in capfd.readouterr().err
+
+
+def test_a_finished_max_time_run_started_again_prices_its_work_from_the_checkpoint_and_trains_no_more(corpus,
+                                                                                                     tmp_path,
+                                                                                                     monkeypatch):
+    """On a clock where an update costs 0.5 s, a validation 1 s and a checkpoint write 0.25 s, a run with
+    max_time=8 uses its budget and ends inside it. The costs measured are in the checkpoint: a requeued run
+    does not spend the end of its budget on updates priced at 0 and then finish past it."""
+    costs = dict(update=0.5, validation=1.0, save=0.25)
+    clock = FakeClock(**costs)
+    run_on_fake_clock(clock, monkeypatch.setattr)
+    run_dir, changes = tmp_path / "run", {"train.max_steps": 100000, "train.max_time": 8,
+                                          "train.save_every_steps": 5, "train.valid_every_steps": 5,
+                                          "train.average_last": 1}
+    started = clock()
+    first = run(corpus, run_dir, changes)
+    assert clock() - started <= 8  # the whole run, its averaging included
+    assert (first["update_seconds"], first["validation_seconds"], first["save_seconds"]) == tuple(costs.values())
+    assert first["wall_seconds"] <= 8  # the rule held: the last update, validation and save fitted
+    # ... and stopped only when one more update, with the validation and save that end a run, would not have
+    # fitted (the end of the run costs an averaging, priced as average_last + 1 checkpoint writes).
+    end = costs["validation"] + costs["save"] + costs["save"] * (changes["train.average_last"] + 1)
+    assert first["wall_seconds"] + costs["update"] + end > 8, first["wall_seconds"]
+    again = run(corpus, run_dir, changes)
+    assert again["step"] == first["step"] and again["wall_seconds"] == first["wall_seconds"]
+
+
+def test_a_checkpoint_from_before_the_wall_clock_counts_its_training_time():
+    from transformer.checkpoint import TrainState
+
+    assert TrainState.read({"step": 3, "train_seconds": 42.0}).wall_seconds == 42.0
+    assert TrainState.read({"step": 3, "train_seconds": 42.0, "wall_seconds": 50.0}).wall_seconds == 50.0
+
+
+def test_the_search_stops_between_batches_at_its_deadline_and_is_unchanged_before_it():
+    model = tiny_model()
+    g = torch.Generator().manual_seed(3)
+    sources = [torch.randint(4, VOCAB, (n,), generator=g).tolist() for n in (3, 9, 5, 12, 7, 4)]
+    decode = DecodeConfig(beam=2, max_tokens=20, max_len_b=6)  # several batches
+    plain = translate_ids(model, sources, decode)
+    assert translate_ids(model, sources, decode, deadline=time.monotonic() + 3600) == plain
+    with pytest.raises(DeadlinePassed, match="6 of 6 lines were not translated"):
+        translate_ids(model, sources, decode, deadline=time.monotonic() - 1)
+
+
+def test_the_test_translation_that_would_overrun_max_time_is_skipped_and_said(corpus, tmp_path, capfd,
+                                                                                monkeypatch):
+    from transformer.training.budget import Budget
+
+    monkeypatch.setattr(Budget, "deadline", lambda self, max_time: time.monotonic() - 1)  # already passed
+    run(corpus, tmp_path / "run", {"train.max_steps": 2, "train.max_time": 3600, "train.test_at_end": "true",
+                                   "data.test_prefix": corpus.prefixes["valid"]})
+    err = capfd.readouterr().err
+    assert "no test BLEU: the test translation would overrun train.max_time=3600s" in err, err[-2000:]
+    assert not (tmp_path / "run" / "eval" / "test").exists()
+    assert ckpt.averaged_path(tmp_path / "run").is_file()
