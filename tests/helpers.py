@@ -149,6 +149,8 @@ def run_on_fake_clock(clock: FakeClock, patch=setattr) -> None:
     metrics) and a checkpoint write each spend their cost on the clock before they run."""
     import time
 
+    from transformer.training import update, validation
+
     def spending(kind, function):
         def spend_then_run(*args, **kwargs):
             clock.spend(kind)
@@ -156,8 +158,8 @@ def run_on_fake_clock(clock: FakeClock, patch=setattr) -> None:
         return spend_then_run
 
     patch(time, "monotonic", clock)
-    patch(train, "settle", spending("update", train.settle))
-    patch(train, "run_metrics", spending("validation", train.run_metrics))
+    patch(update, "settle", spending("update", update.settle))
+    patch(validation, "run_metrics", spending("validation", validation.run_metrics))
     patch(ckpt, "save", spending("save", ckpt.save))
 
 

@@ -33,7 +33,8 @@ import translate  # noqa: E402
 from conftest import TINY_STEPS, TINY_SAVE_EVERY  # noqa: E402
 from data.vocab import Vocab, train_vocab  # noqa: E402
 from transformer import checkpoint as ckpt  # noqa: E402
-from transformer import kernels, translation  # noqa: E402
+from transformer import kernels  # noqa: E402
+from transformer.decoding import translation  # noqa: E402
 from transformer.cli import main_with_user_errors  # noqa: E402
 from transformer.model import Transformer, TransformerConfig  # noqa: E402
 from transformer.evaluation.scoring import sacrebleu_scores  # noqa: E402
