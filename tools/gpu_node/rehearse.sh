@@ -7,7 +7,8 @@
 #
 # 1. tools/wheelhouse.py for that Python's version, against tools/gpu_node/requirements-node.txt (online);
 # 2. the stand-in node: a fresh venv (the node's python3 is one too), torch installed first, then the packages
-#    the wheelhouse leaves to the node, at the versions the resolution picked (online: they are the node image);
+#    the wheelhouse leaves to the node, at the recorded versions or within the bounds the project's packages
+#    set (online: they stand for the node image);
 # 3. run.sh --smoke with that venv as the node's python: a venv with --system-site-packages over it, only the
 #    wheelhouse with --no-index (pip's config and PIP_* variables ignored), the check that torch is the node's,
 #    the selected tests (TESTS; default: the cuda tests, which skip here, and two fast files, which import
@@ -24,16 +25,19 @@ echo "== $(date +%T) rehearsal: $PYTHON (Python $VERSION), $TORCH, in $WORK"
 
 status=0 begin=$SECONDS
 # The node's pins are for its Python 3.12: another Python may need some left free (3.11: numpy 2.5 has no wheel).
-UNPIN=${UNPIN:-$([ "$VERSION" = 3.11 ] && echo numpy)}
+UNPIN=${UNPIN-$(if [ "$VERSION" = 3.11 ]; then echo numpy; fi)}
 python3 tools/wheelhouse.py --python "$VERSION" --dest "$WORK/wheelhouse" ${UNPIN:+--unpin $UNPIN} | tail -3
 echo "== wheelhouse: $((SECONDS - begin)) s"
 
 begin=$SECONDS
 "$PYTHON" -m venv "$WORK/node"
 "$WORK/node/bin/python" -m pip install --quiet "$TORCH"
+# What the wheelhouse leaves to the node: the recorded versions exactly, the others at any version that meets
+# what the project's packages ask of them (node-needs.txt), as on the node, where nobody recorded them.
 # shellcheck disable=SC2046  # one requirement a word
 "$WORK/node/bin/python" -m pip install --quiet \
-    $(grep 'left out' "$WORK/wheelhouse/MANIFEST.txt" | cut -d' ' -f1)
+    $(grep 'on the node at this version' "$WORK/wheelhouse/MANIFEST.txt" | cut -d' ' -f1) \
+    $(grep -v '^#' "$WORK/wheelhouse/node-needs.txt" | cut -d' ' -f1)
 echo "== stand-in node: $((SECONDS - begin)) s"
 
 NODE_PYTHON="$WORK/node/bin/python" WHEELHOUSE="$WORK/wheelhouse" VENV="$WORK/venv" OUT="$WORK/out" \

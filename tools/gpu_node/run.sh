@@ -8,7 +8,7 @@
 #
 # Needs: ./wheelhouse (python tools/wheelhouse.py, on a machine with an index; with the device tool it travels
 # as carry=["wheelhouse"]). Environment: NODE_PYTHON [python3: the interpreter that holds the node's torch],
-# WHEELHOUSE [wheelhouse], VENV [/tmp/transformer-wmt-venv], TESTS [-m "not slow and not extras" tests: pytest's
+# WHEELHOUSE [wheelhouse], VENV [/tmp/transformer-wmt-venv], TESTS [-n 8 -m "not slow and not extras" tests: pytest's
 # selection; the [hf] extra's tests are out: the node's transformers 5.17 is below its floor, 5.24],
 # TESTS_CAP_S [150], BUDGET_S [570: the whole command; gpu_check gets what the steps before it left].
 # Expected on one H100 (to be confirmed by the first run; rehearsed on CPU only): install 20-40 s, the tests
@@ -25,7 +25,7 @@ OUT=${OUT:-runs/gpu_node}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 NODE_PYTHON=${NODE_PYTHON:-python3}
 WHEELHOUSE=$(cd "${WHEELHOUSE:-wheelhouse}" 2>/dev/null && pwd) || { echo "error: no wheelhouse folder: run python tools/wheelhouse.py where an index is reachable, and carry it" >&2; exit 2; }
 VENV=${VENV:-/tmp/transformer-wmt-venv}
-TESTS=${TESTS:-'-m "not slow and not extras" tests'}
+TESTS=${TESTS:-'-n 8 -m "not slow and not extras" tests'}
 TESTS_CAP_S=${TESTS_CAP_S:-150}
 BUDGET_S=${BUDGET_S:-570}
 START=$SECONDS
@@ -120,7 +120,8 @@ same_torch() {  # the venv's torch is the node's, the same file
 }
 
 run_tests() {
-    eval "timeout $TESTS_CAP_S \"$VENV/bin/python\" -m pytest -q -p no:cacheprovider --junitxml \"$OUT/pytest.xml\" $TESTS"
+    # SIGINT at the cap: pytest stops as on Ctrl-C and still writes the report of what ran.
+    eval "timeout -s INT -k 30 $TESTS_CAP_S \"$VENV/bin/python\" -m pytest -q -p no:cacheprovider --junitxml \"$OUT/pytest.xml\" $TESTS"
 }
 
 run_gpu_check() {
@@ -128,7 +129,7 @@ run_gpu_check() {
     [ "$left" -gt 30 ] || { echo "error: no time left for gpu_check ($left s)" >&2; return 1; }
     echo "gpu_check gets $left s"
     cp docs/BENCHMARKS.md "$OUT/BENCHMARKS.md"
-    timeout "$left" "$VENV/bin/python" benchmarks/gpu_check.py $SMOKE --out "$OUT" --write "$OUT/BENCHMARKS.md"
+    timeout -s INT -k 20 "$left" "$VENV/bin/python" benchmarks/gpu_check.py $SMOKE --out "$OUT" --write "$OUT/BENCHMARKS.md"
 }
 
 step node     node_info  || fail "the node's python ($NODE_PYTHON) has no torch"
