@@ -88,7 +88,9 @@ make_venv() {  # a venv that sees exactly the node python's packages, torch firs
     "$NODE_PYTHON" -m venv --without-pip "$VENV" || return 1
     local site
     site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || return 1
-    "$NODE_PYTHON" -c 'import sys; print("\n".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))))' \
+    # addsitedir, not a bare path: the .pth files in the node's folders are read too, as the node's python does.
+    "$NODE_PYTHON" -c 'import sys; print("\n".join(f"import site; site.addsitedir({p!r})" for p in sys.path
+                                                  if p.endswith(("site-packages", "dist-packages"))))' \
         > "$site/node-site-packages.pth"
     cat "$site/node-site-packages.pth"
 }
