@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
 # The one GPU command (issue #49): on an offline GPU node with its own PyTorch, install the project from the
-# wheelhouse without touching that torch, run the fast tests (the `cuda` ones among them) on the node's torch,
-# then the full GPU check; everything lands in one folder.
+# wheelhouse without touching that torch, run the suite's `cuda` tests and then its fast tests on the node's
+# torch, then the full GPU check; everything lands in one folder.
 #
 #   bash tools/gpu_node/run.sh            # on the node, from the checkout's root; OUT=DIR (default runs/gpu_node)
 #   bash tools/gpu_node/run.sh --smoke    # the same on a CPU (tools/gpu_node/rehearse.sh): gpu_check --smoke
 #
 # Needs: ./wheelhouse (python tools/wheelhouse.py, on a machine with an index; with the device tool it travels
 # as carry=["wheelhouse"]). Environment: NODE_PYTHON [python3: the interpreter that holds the node's torch],
-# WHEELHOUSE [wheelhouse], VENV [/tmp/transformer-wmt-venv], TESTS [-n 8 -m "not slow and not extras" tests: pytest's
-# selection; the [hf] extra's tests are out: the node's transformers 5.17 is below its floor, 5.24],
-# TESTS_CAP_S [150], BUDGET_S [570: the whole command; gpu_check gets what the steps before it left].
-# Expected on one H100 (to be confirmed by the first run; rehearsed on CPU only): install 20-40 s, the tests
-# 150 s at most (capped), gpu_check the rest, up to ~6.5 min (its docstring says under 8 on an H200): < 10 min.
+# WHEELHOUSE [wheelhouse], VENV [/tmp/transformer-wmt-venv], CUDA_CAP_S [120: `pytest -m cuda tests`],
+# TESTS [-n 8 -m "not slow and not extras and not cuda" tests: the fast tests; the [hf] extra's are out, the
+# node's transformers 5.17 being below its floor, 5.24], TESTS_CAP_S [120; 0 skips them],
+# BUDGET_S [570: the whole command; gpu_check gets what the steps before it left].
+# Expected on one H100 (estimates: only the CPU rehearsal has timed this): install 20-40 s, the cuda tests
+# under a minute, the fast tests 120 s at most (capped), gpu_check the rest, about 6 min: under 10 min in all.
+# The node's pip must be 22.3 or newer (`pip --python`).
 #
 # What comes back in $OUT (the device tool returns at most 8 files): run.log (everything printed),
 # summary.txt (each step's status and seconds), node-freeze.txt (the node's real pip freeze: commit it as
-# tools/gpu_node/requirements-node.txt), pytest.xml (the test report), gpu_check.md and gpu_check.json (the
-# table), BENCHMARKS.md (docs/BENCHMARKS.md with the check's section written in).
+# tools/gpu_node/requirements-node.txt), pytest-cuda.xml and pytest.xml (the test reports), gpu_check.md and
+# gpu_check.json (the table), BENCHMARKS.md (docs/BENCHMARKS.md with the check's section written in).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 SMOKE=""; [ "${1:-}" = "--smoke" ] && SMOKE="--smoke"
@@ -25,8 +27,9 @@ OUT=${OUT:-runs/gpu_node}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 NODE_PYTHON=${NODE_PYTHON:-python3}
 WHEELHOUSE=$(cd "${WHEELHOUSE:-wheelhouse}" 2>/dev/null && pwd) || { echo "error: no wheelhouse folder: run python tools/wheelhouse.py where an index is reachable, and carry it" >&2; exit 2; }
 VENV=${VENV:-/tmp/transformer-wmt-venv}
-TESTS=${TESTS:-'-n 8 -m "not slow and not extras" tests'}
-TESTS_CAP_S=${TESTS_CAP_S:-150}
+TESTS=${TESTS:-'-n 8 -m "not slow and not extras and not cuda" tests'}
+CUDA_CAP_S=${CUDA_CAP_S:-120}
+TESTS_CAP_S=${TESTS_CAP_S:-120}
 BUDGET_S=${BUDGET_S:-570}
 START=$SECONDS
 exec > >(tee "$OUT/run.log") 2>&1
@@ -121,9 +124,14 @@ same_torch() {  # the venv's torch is the node's, the same file
     "$VENV/bin/python" -c 'import datasets, hydra, sacrebleu, sacremoses, sentencepiece, tensorboard, transformer.model; print("imports: ok")'
 }
 
-run_tests() {
-    # SIGINT at the cap: pytest stops as on Ctrl-C and still writes the report of what ran.
-    eval "timeout -s INT -k 30 $TESTS_CAP_S \"$VENV/bin/python\" -m pytest -q -p no:cacheprovider --junitxml \"$OUT/pytest.xml\" $TESTS"
+pytest_capped() {  # pytest_capped CAP REPORT ARGS...: SIGINT at the cap, so pytest stops as on Ctrl-C and still
+    local cap=$1 report=$2; shift 2  # writes the report of what ran
+    eval "timeout -s INT -k 30 $cap \"$VENV/bin/python\" -m pytest -q -p no:cacheprovider --junitxml \"$report\" $*"
+}
+cuda_tests() { pytest_capped "$CUDA_CAP_S" "$OUT/pytest-cuda.xml" -n 0 -m cuda tests; }
+fast_tests() {
+    [ "$TESTS_CAP_S" -gt 0 ] || { echo "skipped (TESTS_CAP_S=0)"; return 0; }
+    pytest_capped "$TESTS_CAP_S" "$OUT/pytest.xml" "$TESTS"
 }
 
 run_gpu_check() {
@@ -139,7 +147,8 @@ step preflight preflight || fail "the node lacks what the wheelhouse leaves to i
 step venv     make_venv  || fail "could not make the venv"
 step install  install_project    || fail "the offline install failed (its error is above)"
 step torch    same_torch || fail "the venv does not use the node's torch"
-step tests    run_tests
+step cuda     cuda_tests
+step tests    fast_tests
 step gpu_check run_gpu_check
 printf 'total      %4d s\n' $((SECONDS - START)) | tee -a "$OUT/summary.txt"
 ! grep -qv ' status   0 \|^total' "$OUT/summary.txt"
