@@ -176,7 +176,7 @@ def build(args: argparse.Namespace) -> int:
     if problems:
         for line in problems:
             print(f"error: {line}", file=sys.stderr)
-        print("error: nothing downloaded. Raise the node's packages, or build without that extra "
+        print("error: nothing downloaded. Update those packages on the node, or build without that extra "
               "(the GPU check needs no extra)", file=sys.stderr)
         return 2
 
