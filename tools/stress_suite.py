@@ -3,7 +3,7 @@ happen to compute: one thread, two threads, and a CPU hog on one core beside eac
 
     python tools/stress_suite.py                       # the four runs, the whole suite each
     python tools/stress_suite.py --runs 3 -- -m "not slow"
-    python tools/stress_suite.py --only hog-1thread -- tests/test_budget.py
+    python tools/stress_suite.py --only hog-1thread -- tests/training/test_budget.py
 
 Each run is the README's test command (`python -m pytest -q tests`, its workers as pyproject.toml sets them) with
 OMP_NUM_THREADS and MKL_NUM_THREADS set to the run's thread count; a hog run also starts one process that spins

@@ -50,6 +50,8 @@ SKIPPED = {
                           "tests/project/test_benchmarks.py runs gpu_check's steps",
     "python -m transformer.evaluation.table3": "needs a sweep of trained runs; tests/evaluation/test_table3.py runs the command on run "
                                     "directories it writes",
+    "python tools/wheelhouse.py": "downloads from a package index (minutes); tests/project/test_wheelhouse.py checks "
+                                  "its refusals offline, tools/gpu_node/rehearse.sh runs it and the offline install",
     "python tests/project/test_bad_inputs.py": "prints the bad-input table; pytest runs the same cases",
     "python tools/table3_small.py": "trains a sweep of Table 3 rows on Multi30k (~1.5 h on one thread); "
                                     "tests/evaluation/test_table3.py composes every row's scaled overrides",
