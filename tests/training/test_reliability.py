@@ -29,10 +29,10 @@ from data import files  # noqa: E402
 from data.errors import WriteError  # noqa: E402
 from transformer import checkpoint as ckpt  # noqa: E402
 from transformer import distributed  # noqa: E402
-from transformer.training import update  # noqa: E402
+from transformer.training import update as one_update  # noqa: E402
 
 # A launcher for train.py that injects one fault on one rank: FAULT=<kind>@<rank>:<update>. The fault fires
-# when that rank starts that update (update.dropout_seed is called once per forward pass with the update
+# when that rank starts that update (training/update.py's dropout_seed is called once per forward pass with the update
 # number); FAULT_MARK names a file that receives the time it fired. "sigkill_once" fires only while that file
 # does not exist: the processes torchrun restarts after it run clean.
 FAULTY_TRAIN = textwrap.dedent("""
@@ -187,7 +187,7 @@ def test_finished_run_started_again_trains_no_further(corpus, tmp_path):
 
 def signal_at_update(monkeypatch, update: int, times: int) -> None:
     """Deliver SIGINT to this process `times` times when update `update` starts (as Ctrl-C would)."""
-    real = update.dropout_seed
+    real = one_update.dropout_seed
 
     def dropout_seed(seed, step, slot):
         if step == update and slot == 0:
@@ -195,7 +195,7 @@ def signal_at_update(monkeypatch, update: int, times: int) -> None:
                 os.kill(os.getpid(), signal.SIGINT)
         return real(seed, step, slot)
 
-    monkeypatch.setattr(update, "dropout_seed", dropout_seed)
+    monkeypatch.setattr(one_update, "dropout_seed", dropout_seed)
 
 
 def test_sigint_delivered_twice_saves_once_and_resume_is_bit_identical(corpus, tmp_path, monkeypatch, capsys):
