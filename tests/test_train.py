@@ -34,6 +34,25 @@ def noam(n: int, *, d_model: int, warmup: int, scale: float) -> float:
     return scale * d_model**-0.5 * min(n**-0.5, n * warmup**-1.5)
 
 
+# ---------------------------------------------------------------------------------------------- the update
+
+
+def test_each_pass_tells_the_model_whether_its_sources_hold_padding(corpus, tmp_path, monkeypatch):
+    """train.py says it from the batch's own counts, so that the model need not look at the tokens (a host
+    sync on GPU) to leave out the attention mask of a batch without padding."""
+    told, encode = [], Transformer.encode
+
+    def spy(model, src_tokens, *, padded=None):
+        if model.training:
+            told.append((padded, bool((src_tokens == model.config.pad_id).any())))
+        return encode(model, src_tokens, padded=padded)
+
+    monkeypatch.setattr(Transformer, "encode", spy)
+    assert train_main(corpus.overrides(tmp_path, {"train.max_steps": 6, "train.max_tokens": 96})) == 0
+    assert len(told) == 6 and all(said is not None for said, _ in told)
+    assert [said for said, _ in told] == [holds for _, holds in told], told
+
+
 # ---------------------------------------------------------------------------------------------- schedule
 
 
