@@ -20,9 +20,10 @@ import time
 import pytest
 import torch
 from omegaconf import OmegaConf
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from helpers import (D_MODEL, PIECES, ROOT, assert_training_states_equal, run, subprocess_env,
-                     tensorboard_scalars, train_main)
+from helpers import (D_MODEL, PIECES, ROOT, assert_training_states_equal, first_update_gradients, run,
+                     subprocess_env, tensorboard_scalars, train_main)
 
 import train
 from transformer import checkpoint as ckpt
@@ -51,6 +52,26 @@ def test_each_pass_tells_the_model_whether_its_sources_hold_padding(corpus, tmp_
     assert train_main(corpus.overrides(tmp_path, {"train.max_steps": 6, "train.max_tokens": 96})) == 0
     assert len(told) == 6 and all(said is not None for said, _ in told)
     assert [said for said, _ in told] == [holds for _, holds in told], told
+
+
+def test_the_first_updates_gradients_are_read_back_from_adams_first_moment(corpus, tmp_path):
+    """What tests/test_cuda.py compares between GPU and CPU (`first_update_gradients`): checked here
+    against the gradients the optimizer was given."""
+    given = []
+    hook = register_optimizer_step_pre_hook(
+        lambda optimizer, args, kwargs: given.append([p.grad.clone() for group in optimizer.param_groups
+                                                      for p in group["params"]]))
+    try:
+        run(corpus, tmp_path, {"train.max_steps": 2, "train.save_every_steps": 1, "model.dropout": 0.0})
+    finally:
+        hook.remove()
+    state = ckpt.load(ckpt.numbered_path(tmp_path, 1))
+    read = first_update_gradients(state)
+    assert len(given) == 2 and len(read) == len(given[0])
+    assert [g.shape for g in read] == [w.shape for w in state["model"].values()]  # the weights' order: names
+    for ours, theirs in zip(read, given[0]):
+        torch.testing.assert_close(ours, theirs)
+    assert any(not torch.allclose(a, b) for a, b in zip(given[0], given[1]))  # not the second update's
 
 
 # ---------------------------------------------------------------------------------------------- schedule
