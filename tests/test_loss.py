@@ -154,7 +154,7 @@ class Allocations(TorchDispatchMode):
 def test_chunked_loss_equals_torch_cross_entropy_value_and_gradient(dtype, monkeypatch):
     """Several chunks, the last one short, padding in and across them: the value and the gradient of
     F.cross_entropy(label_smoothing=) over the same (float32) logits; the gradient in the logits' dtype."""
-    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", 5 * 37)  # 5 tokens a chunk: 29 tokens = 6 chunks
+    monkeypatch.setitem(loss_module.CHUNK_ELEMENTS, "cpu", 5 * 37)  # 5 tokens a chunk: 29 tokens = 6 chunks
     torch.manual_seed(7)
     logits = (torch.randn(29, 37) * 4).to(dtype).requires_grad_()
     target = torch.randint(1, 37, (29,))
@@ -178,7 +178,7 @@ def test_no_float32_copy_of_the_logits_is_made(dtype, monkeypatch):
     """Forward: no tensor larger than a chunk of float32 logits. Backward: one [N, V] tensor, the gradient,
     in the logits' dtype. (Before: a float32 [N, V] log p in the forward, kept for the backward, and for bf16
     logits a bf16 copy of it as the gradient.)"""
-    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", 8 * 50)
+    monkeypatch.setitem(loss_module.CHUNK_ELEMENTS, "cpu", 8 * 50)
     tokens, vocab = 64, 50
     logits = torch.randn(tokens, vocab).to(dtype).requires_grad_()
     target = torch.randint(1, vocab, (tokens,))

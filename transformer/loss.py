@@ -17,29 +17,32 @@ import torch
 import torch.nn.functional as F
 
 
-CHUNK_ELEMENTS = 2**24  # logits per chunk: a chunk's float32 temporaries are 64 MiB (453 tokens at V = 37,000)
+# Logits per chunk. CPU: 2^20 (4 MiB of float32), so that a chunk's passes run in cache (faster than one
+# pass over the whole [N, V]); CUDA and others: 2^24 (64 MiB), few kernel launches (55 chunks at 25k × 37k).
+CHUNK_ELEMENTS = {"cpu": 2**20, "other": 2**24}
 
 
-def _chunks(tokens: int, vocab: int) -> list[slice]:
+def _chunks(tokens: int, vocab: int, device: torch.device) -> list[slice]:
     """The rows of each chunk of tokens: CHUNK_ELEMENTS // vocab tokens each (at least one)."""
-    size = max(1, CHUNK_ELEMENTS // vocab)
+    size = max(1, CHUNK_ELEMENTS["cpu" if device.type == "cpu" else "other"] // vocab)
     return [slice(i, i + size) for i in range(0, tokens, size)]
 
 
 class _LabelSmoothedNLL(torch.autograd.Function):
     """The loss and its gradient over [N, V] logits, a chunk of tokens at a time: no float32 [N, V] tensor.
 
-    Forward, per chunk of `CHUNK_ELEMENTS // V` tokens: log p = log_softmax(logits) in float32, the chunk's
-    -log p(y) and -(1/V) Σ_v log p(v) summed; nothing of [N, V] is kept but the logits themselves.
-    Backward, per chunk: dL/dlogits = p - (1 - ε)·onehot(y) - ε/V per counted token (0 for ignored ones), with
-    p = exp(log_softmax(logits)) recomputed in float32 (the same p as the forward's: one more reduction over
-    the chunk, no saved [N, V]) and written into the gradient, [N, V] in the logits' dtype.
+    Forward, per chunk of tokens: log p = log_softmax(logits) in float32, the chunk's -log p(y) and
+    -(1/V) Σ_v log p(v) summed; nothing of [N, V] is kept but the logits themselves. Backward, per chunk:
+    dL/dlogits = p - (1 - ε)·onehot(y) - ε/V per counted token (0 for ignored ones), with p =
+    exp(log_softmax(logits)) recomputed in float32 (the forward's p: one more pass over the chunk, no saved
+    [N, V]; torch's logsumexp would save it but is slower on CPU) and written into the gradient, [N, V] in
+    the logits' dtype (float32 logits: computed in place there).
 
     Building the whole float32 log p instead (torch's composite, or one float32 copy) adds a tensor of
     N·V·4 bytes, twice the logits when they are bf16, and the last projection's [N, V] is already the
     largest tensor of a step (25k tokens × 37k pieces). The sums are those over the whole [N, V] up to the
-    float32 rounding of their order (tests/test_loss.py compares with F.cross_entropy); the benchmark of the
-    peak memory is benchmarks/loss_memory.py.
+    float32 rounding of their order (tests/test_loss.py compares with F.cross_entropy); the peak memory is
+    measured by benchmarks/loss_memory.py.
     """
 
     @staticmethod
@@ -49,9 +52,8 @@ class _LabelSmoothedNLL(torch.autograd.Function):
         target = target.masked_fill(~real, 0)  # ignored tokens point at column 0 and are zeroed below
         nll = torch.zeros((), dtype=torch.float32, device=logits.device)
         smooth = torch.zeros((), dtype=torch.float32, device=logits.device)
-        for rows in _chunks(tokens, vocab):
-            lprobs = logits[rows].to(torch.float32, copy=True)  # [n, V], our own: the logits stay as they are
-            torch.log_softmax(lprobs, dim=-1, out=lprobs)
+        for rows in _chunks(tokens, vocab, logits.device):
+            lprobs = torch.log_softmax(logits[rows], dim=-1, dtype=torch.float32)  # [n, V]
             picked = lprobs.gather(1, target[rows, None]).squeeze(1)  # log p(y)  [n]
             nll -= (picked * real[rows]).sum()
             if epsilon:
@@ -71,16 +73,15 @@ class _LabelSmoothedNLL(torch.autograd.Function):
         epsilon, (tokens, vocab) = ctx.epsilon, logits.shape
         grad = torch.empty_like(logits, memory_format=torch.contiguous_format)  # [N, V], the logits' dtype
         scale = real * grad_loss  # [N]; ignored tokens: 0
-        for rows in _chunks(tokens, vocab):
+        for rows in _chunks(tokens, vocab, logits.device):
             # [n, V] in float32: float32 logits' gradient is computed where it is returned, others' in a chunk
             probs = grad[rows] if grad.dtype == torch.float32 else torch.empty_like(grad[rows], dtype=torch.float32)
-            probs.copy_(logits[rows])
-            torch.log_softmax(probs, dim=-1, out=probs).exp_()  # p
+            torch.log_softmax(logits[rows], dim=-1, dtype=torch.float32, out=probs).exp_()  # p
             if epsilon:
                 probs.sub_(epsilon / vocab)
-            onehot = torch.full((probs.size(0), 1), -(1.0 - epsilon), device=probs.device)
-            probs.scatter_add_(1, target[rows, None], onehot)  # - (1 - ε) at each token's target
             probs.mul_(scale[rows, None])
+            # - (1 - ε) at each token's target, scaled
+            probs.scatter_add_(1, target[rows, None], (-(1.0 - epsilon) * scale[rows])[:, None])
             if grad.dtype != torch.float32:
                 grad[rows] = probs  # rounded once, to the logits' dtype
         return grad, None, None, None
