@@ -214,6 +214,14 @@ def assert_training_states_equal(a: dict, b: dict) -> None:
     assert a["data_state"] == b["data_state"]
 
 
+def first_update_gradients(state: dict) -> list[torch.Tensor]:
+    """The gradients of a run's first update, in parameter order, read from a checkpoint saved right after
+    it: Adam's first moment after one step is (1 - β1)·g (tests/core/test_cuda.py compares GPU with CPU by them)."""
+    beta1 = state["optimizer"]["param_groups"][0]["betas"][0]
+    moments = state["optimizer"]["state"]
+    return [moments[i]["exp_avg"].float().cpu() / (1 - beta1) for i in sorted(moments)]
+
+
 def train_main(overrides: list[str], *, threads: int = 1) -> int:
     """`train.main(overrides)` in this process at `threads` threads (one: the count torchrun gives each
     rank, so that runs compare bit for bit); then put back what it sets for the whole process: the thread

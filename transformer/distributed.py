@@ -40,8 +40,9 @@ class PeerFailure(Exception):
 def init_from_env(device_type: str, *, timeout_s: float | None = None) -> DistInfo:
     """Join the process group torchrun describes in the environment, or run alone when WORLD_SIZE <= 1.
 
-    Backend: NCCL for "cuda" (after selecting the device LOCAL_RANK), gloo otherwise. `timeout_s` bounds
-    how long a collective (and joining) waits for a dead or stuck peer before raising instead of hanging.
+    Backend: NCCL for "cuda" (on the GPU LOCAL_RANK, which `pick_device` has made current), gloo otherwise.
+    `timeout_s` bounds how long a collective (and joining) waits for a dead or stuck peer before raising
+    instead of hanging.
     """
     world_size = _env_int("WORLD_SIZE", 1)
     if world_size <= 1:
@@ -52,8 +53,6 @@ def init_from_env(device_type: str, *, timeout_s: float | None = None) -> DistIn
         except ValueError:
             raise ValueError("TRANSFORMER_DIST_TIMEOUT_S must be a number of seconds") from None
     local_rank = _env_int("LOCAL_RANK", 0)
-    if device_type == "cuda":
-        torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
         # device_id binds the process group to this rank's GPU at once (NCCL's eager init): no guessing of
         # the device by the first collective, and a wrong LOCAL_RANK fails here.
@@ -168,18 +167,23 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
-def pick_device(name: str, local_rank: int = 0, *, training: bool = False):
+def pick_device(name: str, *, training: bool = False) -> torch.device:
     """`device=auto | cpu | cuda | cuda:N | mps` as a torch.device; a CUDA device is also made current, with TF32
-    matmuls (training and decoding on Ampere and later). Under torchrun, `cuda` is the rank's local GPU.
+    matmuls (training and decoding on Ampere and later).
+
+    The one device rule, for train.py, translate.py, evaluate.py and Translator.load alike: a process under
+    torchrun uses the GPU its LOCAL_RANK names (`auto` and `cuda` are cuda:LOCAL_RANK), and `cuda:N` with
+    WORLD_SIZE > 1 is refused, since every rank would then use GPU N. The name and the rule are checked before
+    the hardware is asked anything, so a machine without CUDA gives the same error.
 
     `mps` (Apple silicon) is for decoding only (translate.py, evaluate.py), where torch was built with it; it is
     untested here (no such machine), and training refuses it (`training=True`): the distributed and
     mixed-precision paths are written for CUDA and CPU.
     """
     name = str(name)
-    kind = ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
     choices = "auto, cpu, cuda, cuda:N" + ("" if training else ", mps")
-    if kind == "mps":
+    world_size, local_rank = _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0)
+    if name == "mps":
         if training:
             raise ConfigError("device=mps is not supported for training (translate.py and evaluate.py accept it): "
                               "use device=cpu, or a CUDA machine")
@@ -187,21 +191,38 @@ def pick_device(name: str, local_rank: int = 0, *, training: bool = False):
             raise ConfigError("device=mps but this torch has no MPS device (Apple silicon with macOS 12.3+ only): "
                               "use device=cpu or device=auto")
         return torch.device("mps")
-    if kind.startswith("cuda"):
-        index = kind.removeprefix("cuda").removeprefix(":")
-        if kind != "cuda" and not (kind.startswith("cuda:") and index.isdigit()):
-            raise ConfigError(f"device={name} is not one of {choices} (N a GPU number, e.g. cuda:0)")
-        if not torch.cuda.is_available():
-            raise ConfigError(f"device={name} but no CUDA device is visible: use device=cpu or device=auto")
-        device = torch.device("cuda", int(index)) if index else torch.device("cuda", local_rank)
-        if device.index >= torch.cuda.device_count():
-            raise ConfigError(f"device={name} but this machine has {torch.cuda.device_count()} CUDA device(s) "
-                              f"(cuda:0 to cuda:{torch.cuda.device_count() - 1}): choose one of them")
-        torch.cuda.set_device(device)
+    if name == "cpu":
+        return torch.device("cpu")
+    if name not in ("auto", "cuda"):
+        index = name.removeprefix("cuda:")
+        if not (name.startswith("cuda:") and index.isdigit()):
+            hint = " (device=cuda is the GPU)" if name.lower() in ("gpu", "gpus", "nvidia") else ""
+            suffix = " (N a GPU number, e.g. cuda:0)" if name.startswith("cuda") else hint
+            raise ConfigError(f"device={name} is not one of {choices}{suffix}")
+        if world_size > 1:
+            raise ConfigError(f"device={name} with WORLD_SIZE={world_size}: under torchrun each process uses the GPU "
+                              f"its LOCAL_RANK names (cuda:LOCAL_RANK); give device=cuda or device=auto, and choose "
+                              "the GPUs with CUDA_VISIBLE_DEVICES")
+        local_rank = int(index)
+    gpus = _claim_gpu(local_rank)
+    if gpus == 0:
+        if name == "auto":
+            return torch.device("cpu")
+        raise ConfigError(f"device={name} but no CUDA device is visible: use device=cpu or device=auto")
+    if local_rank >= gpus:
+        which = f"device={name}" if name.startswith("cuda:") else f"LOCAL_RANK={local_rank} (device={name})"
+        raise ConfigError(f"{which} but this machine has {gpus} CUDA device(s) (cuda:0 to cuda:{gpus - 1}): "
+                          + ("choose one of them" if name.startswith("cuda:") else
+                             "start at most that many processes per node (torchrun --nproc_per_node)"))
+    return torch.device("cuda", local_rank)
+
+
+def _claim_gpu(index: int) -> int:
+    """How many CUDA devices this process sees (0 without CUDA); GPU `index`, when among them, becomes the
+    current device, with TF32 matmuls. The one place the device rule touches the hardware (tests replace it)."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if index < count:
+        torch.cuda.set_device(index)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-        return device
-    if kind != "cpu":
-        hint = " (device=cuda is the GPU)" if kind.lower() in ("gpu", "gpus", "nvidia") else ""
-        raise ConfigError(f"device={name} is not one of {choices}{hint}")
-    return torch.device("cpu")
+    return count

@@ -17,48 +17,74 @@ import torch
 import torch.nn.functional as F
 
 
-class _LabelSmoothedNLL(torch.autograd.Function):
-    """The loss and its gradient over [N, V] logits with one float32 [N, V] buffer.
+# Logits per chunk. CPU: 2^20 (4 MiB of float32), so that a chunk's passes run in cache (faster than one
+# pass over the whole [N, V]); CUDA and others: 2^24 (64 MiB), few kernel launches (55 chunks at 25k × 37k).
+CHUNK_ELEMENTS = {"cpu": 2**20, "other": 2**24}
 
-    Forward: log p = log_softmax(logits) in float32 (for reduced-precision logits, computed in place in
-    their float32 copy). Backward: dL/dlogits = p - (1 - ε)·onehot(y) - ε/V per counted token, 0 for
-    ignored ones, written over the saved log p. Autograd's composite (log_softmax, nll_loss, a masked sum)
-    holds and sweeps several [N, V] tensors instead: the last projection's [N, V] is the largest tensor
-    of a step (25k tokens x 37k pieces = 3.7 GB in float32).
+
+def _chunks(tokens: int, vocab: int, device: torch.device) -> list[slice]:
+    """The rows of each chunk of tokens: CHUNK_ELEMENTS // vocab tokens each (at least one)."""
+    size = max(1, CHUNK_ELEMENTS["cpu" if device.type == "cpu" else "other"] // vocab)
+    return [slice(i, i + size) for i in range(0, tokens, size)]
+
+
+class _LabelSmoothedNLL(torch.autograd.Function):
+    """The loss and its gradient over [N, V] logits, a chunk of tokens at a time: no float32 [N, V] tensor.
+
+    Forward, per chunk of tokens: log p = log_softmax(logits) in float32, the chunk's -log p(y) and
+    -(1/V) Σ_v log p(v) summed; nothing of [N, V] is kept but the logits themselves. Backward, per chunk:
+    dL/dlogits = p - (1 - ε)·onehot(y) - ε/V per counted token (0 for ignored ones), with p =
+    exp(log_softmax(logits)) recomputed in float32 (the forward's p: one more pass over the chunk, no saved
+    [N, V]; torch's logsumexp would save it but is slower on CPU) and written into the gradient, [N, V] in
+    the logits' dtype (float32 logits: computed in place there).
+
+    Building the whole float32 log p instead (torch's composite, or one float32 copy) adds a tensor of
+    N·V·4 bytes, twice the logits when they are bf16, and the last projection's [N, V] is already the
+    largest tensor of a step (25k tokens × 37k pieces). The sums are those over the whole [N, V] up to the
+    float32 rounding of their order (tests/core/test_loss.py compares with F.cross_entropy); the peak memory is
+    measured by benchmarks/loss_memory.py.
     """
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int):
-        if logits.dtype == torch.float32:
-            lprobs = F.log_softmax(logits, dim=-1)  # the caller's logits stay as they are
-        else:
-            lprobs = logits.float()
-            torch.log_softmax(lprobs, dim=-1, out=lprobs)  # [N, V], in our own float32 copy
+        tokens, vocab = logits.shape
         real = target != ignore_index  # [N]
         target = target.masked_fill(~real, 0)  # ignored tokens point at column 0 and are zeroed below
-        picked = lprobs.gather(1, target[:, None]).squeeze(1)  # log p(y)  [N]
-        nll = -(picked * real).sum()
+        nll = torch.zeros((), dtype=torch.float32, device=logits.device)
+        smooth = torch.zeros((), dtype=torch.float32, device=logits.device)
+        for rows in _chunks(tokens, vocab, logits.device):
+            lprobs = torch.log_softmax(logits[rows], dim=-1, dtype=torch.float32)  # [n, V]
+            picked = lprobs.gather(1, target[rows, None]).squeeze(1)  # log p(y)  [n]
+            nll -= (picked * real[rows]).sum()
+            if epsilon:
+                smooth -= (lprobs.sum(dim=-1) * real[rows]).sum()
         loss = nll.clone()  # its own tensor: nll alone is marked non-differentiable
         if epsilon:
-            smooth = -(lprobs.sum(dim=-1) * real).sum() / lprobs.size(1)  # Σ_tokens -(1/V) Σ_v log p(v)
-            loss = (1.0 - epsilon) * nll + epsilon * smooth
-        ctx.save_for_backward(lprobs, target, real)
-        ctx.epsilon, ctx.logits_dtype = epsilon, logits.dtype
+            loss = (1.0 - epsilon) * nll + epsilon * (smooth / vocab)  # Σ_tokens -(1/V) Σ_v log p(v)
+        ctx.save_for_backward(logits, target, real)
+        ctx.epsilon = epsilon
         ctx.mark_non_differentiable(nll)
         return loss, nll
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss: torch.Tensor, _grad_nll: torch.Tensor):
-        lprobs, target, real = ctx.saved_tensors
-        epsilon, vocab = ctx.epsilon, lprobs.size(1)
-        grad = lprobs.exp_()  # p, over the saved log p: nothing else reads it
-        if epsilon:
-            grad.sub_(epsilon / vocab)
-        onehot = torch.full((target.size(0), 1), -(1.0 - epsilon), device=grad.device)
-        grad.scatter_add_(1, target[:, None], onehot)  # - (1 - ε) at each token's target
-        grad.mul_((real * grad_loss)[:, None])  # ignored tokens: 0
-        return grad.to(ctx.logits_dtype), None, None, None
+        logits, target, real = ctx.saved_tensors
+        epsilon, (tokens, vocab) = ctx.epsilon, logits.shape
+        grad = torch.empty_like(logits, memory_format=torch.contiguous_format)  # [N, V], the logits' dtype
+        scale = real * grad_loss  # [N]; ignored tokens: 0
+        for rows in _chunks(tokens, vocab, logits.device):
+            # [n, V] in float32: float32 logits' gradient is computed where it is returned, others' in a chunk
+            probs = grad[rows] if grad.dtype == torch.float32 else torch.empty_like(grad[rows], dtype=torch.float32)
+            torch.log_softmax(logits[rows], dim=-1, dtype=torch.float32, out=probs).exp_()  # p
+            if epsilon:
+                probs.sub_(epsilon / vocab)
+            probs.mul_(scale[rows, None])
+            # - (1 - ε) at each token's target, scaled
+            probs.scatter_add_(1, target[rows, None], (-(1.0 - epsilon) * scale[rows])[:, None])
+            if grad.dtype != torch.float32:
+                grad[rows] = probs  # rounded once, to the logits' dtype
+        return grad, None, None, None
 
 
 def label_smoothed_nll(

@@ -129,6 +129,12 @@ def _right_padded(src_mask: Tensor) -> bool:
 class EncoderOut(NamedTuple):
     out: Tensor  # [B, S, D]
     src_mask: Tensor  # [B, S] bool, True = real token
+    padded: bool = True  # whether any source holds padding (True: not known to hold none)
+
+    @property
+    def key_mask(self) -> Tensor | None:
+        """What attention over the source keys is given: src_mask, or None for a batch without padding."""
+        return self.src_mask if self.padded else None
 
 
 class Transformer(nn.Module):
@@ -172,14 +178,24 @@ class Transformer(nn.Module):
         x = x + self.positions(start, tokens.shape[1]).to(x.dtype)  # [B, T, D] + [T, D]
         return self.embed_dropout(x)
 
-    def encode(self, src_tokens: Tensor) -> EncoderOut:
-        """src_tokens [B, S] int64 (pieces, EOS, then PAD) -> EncoderOut(out [B, S, D], src_mask [B, S]).
+    def encode(self, src_tokens: Tensor, *, padded: bool | None = None) -> EncoderOut:
+        """src_tokens [B, S] int64 (pieces, EOS, then PAD) -> EncoderOut(out [B, S, D], src_mask [B, S], padded).
+
+        A batch without padding attends with no mask at all, in the encoder and in the cross-attention of a
+        teacher-forced `decode`: `F.scaled_dot_product_attention` may then pick any of its kernels (on GPU
+        flash attention takes no mask; the others read one at a cost). `padded` says whether any source
+        holds padding; None looks (a host sync on GPU: train.py tells it from the batch instead). In a
+        compiled graph the mask is always kept, so that a graph serves padded and unpadded batches alike.
 
         In inference mode (search) a batch of more than ENCODE_GROUP sources is encoded in groups of that
         many sources of similar length, each cut to its longest (`_encode_in_groups`): the same outputs at
         the real positions, up to the rounding of sums, without encoding one batch-wide width of padding.
         """
         src_mask = src_tokens != self.config.pad_id
+        if torch.compiler.is_compiling():
+            padded = True
+        elif padded is None:
+            padded = bool((~src_mask).any())
         # A data-dependent check (the host waits for the device): not in compiled graphs, nor in training,
         # whose batches come from data.batching.collate, which ends every source with EOS.
         if not (self.training or torch.compiler.is_compiling()):
@@ -194,8 +210,8 @@ class Transformer(nn.Module):
                 and not torch.compiler.is_compiling() and _right_padded(src_mask)):  # a cut keeps every token
             out = self._encode_in_groups(src_tokens, src_mask)
         else:
-            out = self.encoder(self.embed(src_tokens), src_mask)
-        return EncoderOut(out=out, src_mask=src_mask)
+            out = self.encoder(self.embed(src_tokens), src_mask if padded else None)
+        return EncoderOut(out=out, src_mask=src_mask, padded=padded)
 
     def _encode_in_groups(self, src_tokens: Tensor, src_mask: Tensor) -> Tensor:
         """The encoder output [B, S, D] of right-padded sources, computed ENCODE_GROUP sources at a time in
@@ -236,7 +252,7 @@ class Transformer(nn.Module):
         """
         if cache is None:
             x, _ = self.decoder(self.embed(tgt_tokens, target=True), memory=encoder_out.out,
-                                src_mask=encoder_out.src_mask)
+                                src_mask=encoder_out.key_mask)
         else:
             x, self_kv = self.decoder(self.embed(tgt_tokens, start=cache.length, target=True),
                                       src_mask=cache.src_mask, cache=cache)
@@ -246,9 +262,9 @@ class Transformer(nn.Module):
         logits = linear(x, self.output_embedding.weight, self.logits_bias)
         return logits, cache
 
-    def forward(self, src_tokens: Tensor, tgt_tokens: Tensor) -> Tensor:
-        """src [B, S], decoder input [B, T] (BOS first) -> logits [B, T, V]."""
-        return self.decode(tgt_tokens, self.encode(src_tokens))[0]
+    def forward(self, src_tokens: Tensor, tgt_tokens: Tensor, *, src_padded: bool | None = None) -> Tensor:
+        """src [B, S], decoder input [B, T] (BOS first) -> logits [B, T, V]. src_padded: as `encode`'s padded."""
+        return self.decode(tgt_tokens, self.encode(src_tokens, padded=src_padded))[0]
 
     def log_probs(self, logits: Tensor) -> Tensor:
         """logits [.., V] from `decode` -> log softmax(logits) over the vocabulary [.., V] float32 (§3.4's softmax).
@@ -274,7 +290,8 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.encoder_layers))
         self.final_norm = nn.LayerNorm(config.d_model) if config.norm_first else None
 
-    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, src_mask: Tensor | None) -> Tensor:
+        """x: [B, S, D], src_mask: [B, S] (True = real token; None: no padding) -> [B, S, D]."""
         for layer in self.layers:
             x = layer(x, src_mask)
         return x if self.final_norm is None else self.final_norm(x)
@@ -313,8 +330,8 @@ class EncoderLayer(ResidualLayer):
         self.ffn = FeedForward(d_model=d, d_ff=config.d_ff, activation=config.activation)
         self.ffn_norm = nn.LayerNorm(d)
 
-    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
-        """x: [B, S, D], src_mask: [B, S] (True = real token) -> [B, S, D]."""
+    def forward(self, x: Tensor, src_mask: Tensor | None) -> Tensor:
+        """x: [B, S, D], src_mask: [B, S] (True = real token; None: no padding) -> [B, S, D]."""
         y, _ = self.self_attn(self.sublayer_input(x, self.self_attn_norm), key_mask=src_mask)
         x = self.add_norm(x, y, self.self_attn_norm)
         y = self.ffn(self.sublayer_input(x, self.ffn_norm))
@@ -329,9 +346,10 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.decoder_layers))
         self.final_norm = nn.LayerNorm(config.d_model) if config.norm_first else None
 
-    def forward(self, x: Tensor, *, memory: Tensor | None = None, src_mask: Tensor,
+    def forward(self, x: Tensor, *, memory: Tensor | None = None, src_mask: Tensor | None,
                 cache: DecoderCache | None = None) -> tuple[Tensor, list[PastKV | None]]:
         """x: [B, T, D] -> (x [B, T, D], with a cache: per layer the self-attention K/V of all positions).
+        src_mask: [B, S] (True = real token), None for sources without padding.
 
         Without a cache: the whole target; cross-attention K/V are projected from memory [B, S, D].
         With a cache: x holds the positions after cache.length; cross K/V and past K/V come from it.
@@ -362,7 +380,7 @@ class DecoderLayer(ResidualLayer):
         self.ffn = FeedForward(d_model=d, d_ff=config.d_ff, activation=config.activation)
         self.ffn_norm = nn.LayerNorm(d)
 
-    def forward(self, x: Tensor, *, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor,
+    def forward(self, x: Tensor, *, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor | None,
                 past: PastKV | None = None) -> tuple[Tensor, PastKV | None]:
         """x: [B, T, D], the positions after those of `past` -> (x [B, T, D], with `past`: self-attention K/V).
 
@@ -479,33 +497,32 @@ class CrossAttention(nn.Module):
         # contiguous: each is read whole by the matmuls of every decoding step
         return split_heads(k, self.heads).contiguous(), split_heads(v, self.heads).contiguous()
 
-    def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor) -> Tensor:
-        """x: [B*K, T, D], memory_kv from `memory_kv` of B sources, src_mask [B, S] (True = real token)
-        -> [B*K, T, D].
+    def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor | None) -> Tensor:
+        """x: [B*K, T, D], memory_kv from `memory_kv` of B sources, src_mask [B, S] (True = real token; None:
+        no padding) -> [B*K, T, D].
 
         K >= 1 rows per source (beam search's beams: rows b*K .. b*K+K-1 belong to source b) share the
         source's keys and values: the K*T queries of a source attend together, so the K/V are neither
         copied per beam nor moved when beams are reordered.
         """
-        b, s = src_mask.shape
-        rows, t, d = x.shape
+        b, (rows, t, d) = memory_kv[0].shape[0], x.shape
         q = split_heads(self.q_proj(x).view(b, rows // b * t, -1), self.heads)  # [B, H, K*T, Dk]
         k, v = memory_kv
         out = attention(q, k, v, key_mask=src_mask)  # [B, H, K*T, Dv]
         return self.out_proj(merge_heads(out).view(rows, t, d))
 
-    def weights(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor) -> Tensor:
+    def weights(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor | None) -> Tensor:
         """The weights softmax(Q K^T / sqrt(d_k)) that `forward` applies to V, from the same inputs:
         [B*K, H, T, S] float32, 0 on padding keys.
 
         For looking at a model (reports, word alignments) only: `forward`'s fused kernel never materialises
         them, and nothing in training or search calls this (transformer/evaluation/alignment.py does, from a hook).
         """
-        b, s = src_mask.shape
-        rows, t, d = x.shape
+        (b, _, s, _), (rows, t, d) = memory_kv[0].shape, x.shape
         q = split_heads(self.q_proj(x).view(b, rows // b * t, -1), self.heads)  # [B, H, K*T, Dk]
         scores = q.float() @ memory_kv[0].float().transpose(-1, -2) / math.sqrt(q.shape[-1])  # [B, H, K*T, S]
-        scores = scores.masked_fill(~src_mask[:, None, None, :], float("-inf"))
+        if src_mask is not None:
+            scores = scores.masked_fill(~src_mask[:, None, None, :], float("-inf"))
         weights = scores.softmax(dim=-1).view(b, self.heads, rows // b, t, s)  # [B, H, K, T, S]
         return weights.transpose(1, 2).reshape(rows, self.heads, t, s)  # [B, K, H, T, S] -> [B*K, H, T, S]
 

@@ -5,7 +5,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
+from transformer import loss as loss_module
 from transformer.loss import label_smoothed_nll
 
 PAD = 0
@@ -126,3 +129,64 @@ def test_loss_is_float32_under_autocast():
     assert loss.dtype == nll.dtype == torch.float32
     want_loss, _ = _smoothed_loss_by_hand(logits.float(), target, EPS, PAD)
     assert loss.item() == pytest.approx(want_loss, rel=1e-5)
+
+
+# ------------------------------------------------------------------------------- chunks and their memory
+
+
+class Allocations(TorchDispatchMode):
+    """Every new tensor an aten op returns (views and in-place results, which share an input's storage,
+    left out): (op, dtype, number of elements)."""
+
+    def __init__(self):
+        super().__init__()
+        self.made: list[tuple[str, torch.dtype, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        self.made += [(str(func), t.dtype, t.numel()) for t in tree_leaves(out)
+                      if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs]
+        return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_loss_equals_torch_cross_entropy_value_and_gradient(dtype, monkeypatch):
+    """Several chunks, the last one short, padding in and across them: the value and the gradient of
+    F.cross_entropy(label_smoothing=) over the same (float32) logits; the gradient in the logits' dtype."""
+    monkeypatch.setitem(loss_module.CHUNK_ELEMENTS, "cpu", 5 * 37)  # 5 tokens a chunk: 29 tokens = 6 chunks
+    torch.manual_seed(7)
+    logits = (torch.randn(29, 37) * 4).to(dtype).requires_grad_()
+    target = torch.randint(1, 37, (29,))
+    target[[0, 4, 5, 6, 7, 8, 9, 28]] = PAD  # a whole chunk of padding, and the last token
+    loss, nll = label_smoothed_nll(logits, target, epsilon=EPS, ignore_index=PAD)
+    (grad,) = torch.autograd.grad(3.0 * loss, logits)
+    wide = logits.detach().float().requires_grad_()
+    reference = F.cross_entropy(wide, target, label_smoothing=EPS, ignore_index=PAD, reduction="sum")
+    (grad_reference,) = torch.autograd.grad(3.0 * reference, wide)
+    torch.testing.assert_close(loss, reference)
+    torch.testing.assert_close(nll, F.cross_entropy(wide, target, ignore_index=PAD, reduction="sum").detach())
+    assert grad.dtype == dtype and torch.all(grad[target == PAD] == 0)
+    torch.testing.assert_close(grad, grad_reference.to(dtype))  # float32's gradient, rounded once
+    if dtype == torch.bfloat16:  # and torch's own bf16 cross-entropy agrees to bf16 rounding
+        direct = F.cross_entropy(logits, target, label_smoothing=EPS, ignore_index=PAD, reduction="sum")
+        torch.testing.assert_close(loss, direct.float(), rtol=1e-2, atol=0.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_float32_copy_of_the_logits_is_made(dtype, monkeypatch):
+    """Forward: no tensor larger than a chunk of float32 logits. Backward: one [N, V] tensor, the gradient,
+    in the logits' dtype. (Before: a float32 [N, V] log p in the forward, kept for the backward, and for bf16
+    logits a bf16 copy of it as the gradient.)"""
+    monkeypatch.setitem(loss_module.CHUNK_ELEMENTS, "cpu", 8 * 50)
+    tokens, vocab = 64, 50
+    logits = torch.randn(tokens, vocab).to(dtype).requires_grad_()
+    target = torch.randint(1, vocab, (tokens,))
+    with Allocations() as forward:
+        loss, _ = label_smoothed_nll(logits, target, epsilon=EPS, ignore_index=PAD)
+    with Allocations() as backward:
+        (grad,) = torch.autograd.grad(loss, logits)
+    assert forward.made and max(numel for _, _, numel in forward.made) <= 8 * vocab, forward.made
+    large = [(op, kind) for op, kind, numel in backward.made if numel > 8 * vocab]
+    assert large == [("aten.empty_like.default", dtype)], large
+    assert grad.dtype == dtype

@@ -1,6 +1,7 @@
 """Properties of transformer/model.py, each checked against an independent computation."""
 
 import dataclasses
+import functools
 import math
 
 import pytest
@@ -10,6 +11,8 @@ from torch import nn
 
 from helpers import (BOS, EOS, PAD, TOL, VOCAB, assert_cached_decoding_matches_full_forward, padded, tiny_config,
                      tiny_model)
+from transformer import model as model_module
+from transformer.search import beam_search, greedy_search
 from transformer.model import (
     ENCODE_GROUP,
     DecoderCache,
@@ -427,6 +430,72 @@ def test_what_lies_under_padding_does_not_change_outputs_at_real_positions():
     # targets: any token after a row's end
     garbage = torch.where(tgt_real, tgt_in, torch.randint(4, VOCAB, tgt_in.shape))
     assert (model(src, garbage)[tgt_real] - model(src, tgt_in)[tgt_real]).abs().max() <= TOL
+
+
+def kernel_masks(monkeypatch) -> list[tuple[bool, bool]]:
+    """(given a mask, is_causal) of every call of the attention kernel from here on."""
+    calls, kernel = [], model_module.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, is_causal=False):
+        calls.append((attn_mask is not None, is_causal))
+        return kernel(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+    monkeypatch.setattr(model_module, "scaled_dot_product_attention", spy)
+    return calls
+
+
+def test_a_source_batch_without_padding_attends_with_no_mask_and_a_padded_one_with_masks(monkeypatch):
+    """Encoder self-attention, decoder self-attention (the kernel's own triangle) and cross-attention, in
+    that order per layer: no mask tensor at all for sources of one length, so that the kernel may choose
+    any implementation (flash attention takes none); the source mask only where a source is padded."""
+    model = tiny_model()
+    calls = kernel_masks(monkeypatch)
+    unpadded = padded([5, 5, 5], last=EOS)
+    _, tgt_in = batch()
+    tgt_in = tgt_in[:3]
+    no_mask = [(False, False)] * 2 + [(False, True), (False, False)] * 2
+    with_mask = [(True, False)] * 2 + [(False, True), (True, False)] * 2
+    model(unpadded, tgt_in)
+    assert calls == no_mask
+    calls.clear()
+    model(padded([5, 3, 5], last=EOS), tgt_in)
+    assert calls == with_mask
+    calls.clear()
+    model(unpadded, tgt_in, src_padded=False)  # told (train.py, from the batch): no look at the tokens
+    assert calls == no_mask
+    calls.clear()
+    masked = model(unpadded, tgt_in, src_padded=True)  # "may hold padding": an all-True mask, the same output
+    assert calls == with_mask
+    assert (masked - model(unpadded, tgt_in)).abs().max() <= TOL
+
+
+def test_a_batch_without_padding_gives_the_outputs_its_sentences_get_in_a_padded_batch():
+    model = tiny_model()
+    src, tgt_in = padded([6, 6, 6], last=EOS, seed=3), padded([4, 5, 3], first=BOS, seed=4)
+    longer = padded([9], last=EOS, seed=5)
+    both_src = torch.cat([F.pad(src, (0, 3), value=PAD), longer])  # [4, 9]: the same sentences, padded
+    both_tgt = torch.cat([tgt_in, F.pad(padded([2], first=BOS, seed=6), (0, 3), value=PAD)])
+    assert not model.encode(src).padded and model.encode(both_src).padded
+    alone, together = model(src, tgt_in), model(both_src, both_tgt)[:3]
+    real = tgt_in != PAD
+    assert (alone[real] - together[real]).abs().max() <= TOL
+    assert (model.encode(src).out - model.encode(both_src).out[:3, :6]).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("search", ["beam", "greedy"])
+def test_search_finds_the_same_translations_with_or_without_the_source_mask(search, monkeypatch):
+    model = tiny_model()
+    src = padded([6, 6, 6, 6], last=EOS, seed=8)
+    run = (lambda: beam_search(model, src, beam=3, max_len_b=8)) if search == "beam" else \
+        (lambda: greedy_search(model, src, max_len_b=8))
+    with torch.inference_mode():
+        unmasked = run()
+        monkeypatch.setattr(model, "encode", functools.partial(Transformer.encode, model, padded=True))
+        masked = run()
+    assert [[h.tokens for h in hyps] for hyps in unmasked] == [[h.tokens for h in hyps] for hyps in masked]
+    for hyps, others in zip(unmasked, masked):
+        for h, other in zip(hyps, others):
+            assert h.score == pytest.approx(other.score, abs=1e-5)
 
 
 def test_search_encodes_a_big_batch_in_groups_of_similar_length_with_the_same_outputs(monkeypatch):

@@ -135,3 +135,33 @@ def test_a_heading_that_is_not_a_section_is_refused_in_one_line(script, args):
                             cwd=ROOT, capture_output=True, text=True, timeout=120,
                             env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert result.returncode == 2 and "give a Markdown section heading, '## ...'" in result.stderr.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_loss_memory_smoke_measures_both_losses_in_both_precisions(tmp_path):
+    """benchmarks/loss_memory.py with a tiny model: a row per loss and precision, "before" read from git."""
+    if subprocess.run(["git", "rev-parse", "--verify", "--quiet", "42eec8b^{commit}"], cwd=ROOT,
+                      capture_output=True).returncode != 0:
+        pytest.skip("the checkout lacks the revision of the old loss (a shallow clone)")
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "loss_memory.py"), "--smoke", "--tokens", "256",
+                             "--write", str(tmp_path / "BENCHMARKS.md")], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(tmp_path)})
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    section = (tmp_path / "BENCHMARKS.md").read_text(encoding="utf-8").split("## Loss memory\n", 1)[1]
+    for precision in ("fp32", "bf16"):
+        for loss in ("before (42eec8b)", "after (chunked)", "after − before"):
+            assert re.search(rf"^\| {precision} \| {re.escape(loss)} \|", section, re.M), (precision, loss)
+
+
+@pytest.mark.slow
+def test_attention_mask_smoke_counts_unpadded_batches_and_times_the_encoder(shared_data, tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "attention_mask.py"), "--smoke", "--write",
+                             str(tmp_path / "BENCHMARKS.md")], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(tmp_path)})
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    section = (tmp_path / "BENCHMARKS.md").read_text(encoding="utf-8").split("## Attention masks\n", 1)[1]
+    today = re.search(r"^\| Multi30k EN-DE train \| 2,000 \| .* \| today .* \| [\d.]+% \| [\d.]+% \|$", section, re.M)
+    finer = re.search(r"^\| Multi30k EN-DE train \| 2,000 \| .* \| one source length .* \| 100\.0% \| 100\.0% \| 0\.0% "
+                      r"\| [\d.]+% \|$", section, re.M)
+    assert today and finer, section
+    assert re.search(r"^\| training: forward \+ backward \| [\d,]+ ms \| [\d,]+ ms \| [\d.]+× \|$", section, re.M)

@@ -20,9 +20,10 @@ import time
 import pytest
 import torch
 from omegaconf import OmegaConf
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from helpers import (D_MODEL, PIECES, ROOT, assert_training_states_equal, run, subprocess_env,
-                     tensorboard_scalars, train_main)
+from helpers import (D_MODEL, PIECES, ROOT, assert_training_states_equal, first_update_gradients, run,
+                     subprocess_env, tensorboard_scalars, train_main)
 
 import train
 from data.batching import Prefetcher
@@ -34,6 +35,45 @@ from transformer.training import update
 
 def noam(n: int, *, d_model: int, warmup: int, scale: float) -> float:
     return scale * d_model**-0.5 * min(n**-0.5, n * warmup**-1.5)
+
+
+# ---------------------------------------------------------------------------------------------- the update
+
+
+def test_each_pass_tells_the_model_whether_its_sources_hold_padding(corpus, tmp_path, monkeypatch):
+    """train.py says it from the batch's own counts, so that the model need not look at the tokens (a host
+    sync on GPU) to leave out the attention mask of a batch without padding."""
+    told, encode = [], Transformer.encode
+
+    def spy(model, src_tokens, *, padded=None):
+        if model.training:
+            told.append((padded, bool((src_tokens == model.config.pad_id).any())))
+        return encode(model, src_tokens, padded=padded)
+
+    monkeypatch.setattr(Transformer, "encode", spy)
+    assert train_main(corpus.overrides(tmp_path, {"train.max_steps": 6, "train.max_tokens": 96})) == 0
+    assert len(told) == 6 and all(said is not None for said, _ in told)
+    assert [said for said, _ in told] == [holds for _, holds in told], told
+
+
+def test_the_first_updates_gradients_are_read_back_from_adams_first_moment(corpus, tmp_path):
+    """What tests/core/test_cuda.py compares between GPU and CPU (`first_update_gradients`): checked here
+    against the gradients the optimizer was given."""
+    given = []
+    hook = register_optimizer_step_pre_hook(
+        lambda optimizer, args, kwargs: given.append([p.grad.clone() for group in optimizer.param_groups
+                                                      for p in group["params"]]))
+    try:
+        run(corpus, tmp_path, {"train.max_steps": 2, "train.save_every_steps": 1, "model.dropout": 0.0})
+    finally:
+        hook.remove()
+    state = ckpt.load(ckpt.numbered_path(tmp_path, 1))
+    read = first_update_gradients(state)
+    assert len(given) == 2 and len(read) == len(given[0])
+    assert [g.shape for g in read] == [w.shape for w in state["model"].values()]  # the weights' order: names
+    for ours, theirs in zip(read, given[0]):
+        torch.testing.assert_close(ours, theirs)
+    assert any(not torch.allclose(a, b) for a, b in zip(given[0], given[1]))  # not the second update's
 
 
 # ---------------------------------------------------------------------------------------------- schedule

@@ -198,12 +198,14 @@ class Translator:
              **settings) -> Translator:
         """From a run directory, a .pt file, or a list of them (an ensemble sharing one vocabulary).
 
-        `device`: auto (cuda if available, else cpu), cpu, cuda or cuda:N. The search settings are `decode`
+        `device`: auto (cuda if available, else cpu), cpu, cuda or cuda:N, by the one device rule of
+        `distributed.pick_device` (under torchrun, auto and cuda are cuda:LOCAL_RANK; cuda:N is refused), or a
+        torch.device, taken as already picked (the entry scripts pick it first). The search settings are `decode`
         (default: the run's own, `run_decode`: those its validation BLEU and end-of-training test used) with
         `settings` (its fields: beam=, lenpen=, nbest=, ...) replacing some of them.
         """
         asked = _with_settings(DecodeConfig() if decode is None else decode, settings)  # fails before any read
-        device = distributed.pick_device(str(device))
+        device = device if isinstance(device, torch.device) else distributed.pick_device(device)
         int8_linear_maps(asked, device)  # int8 where it cannot run: refused before any read too
         names = list(checkpoint) if isinstance(checkpoint, (list, tuple)) else [checkpoint]
         if not names:

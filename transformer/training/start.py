@@ -32,10 +32,10 @@ def start_processes(job: TrainJob, cfg: DictConfig, argv: list[str]) -> tuple[Tr
     job = finetune.adopt_architecture(job, argv)
     run_dir = resolve_run_dir(job, cfg)
     job = dataclasses.replace(job, run_dir=str(run_dir))
-    dist = distributed.init_from_env("cuda" if job.device != "cpu" and torch.cuda.is_available() else "cpu")
+    device = distributed.pick_device(job.device, training=True)  # cuda:LOCAL_RANK under torchrun
+    dist = distributed.init_from_env(device.type)
     if not dist.is_main:
         logging.getLogger().setLevel(logging.WARNING)
-    device = distributed.pick_device(job.device, dist.local_rank, training=True)
     ckpt.make_run_dir(run_dir, clean=dist.is_main)
     return job, dist, device
 

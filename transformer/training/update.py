@@ -79,7 +79,8 @@ def train_step(run: Run, window: Window, stop: StopRequest) -> StepOutcome:
         last = i == len(batches) - 1
         with run.train_model.no_sync() if world > 1 and not last else contextlib.nullcontext():  # one all-reduce
             with run.autocast:
-                logits = run.train_model(batch.src, batch.tgt_in)
+                # a batch without padding attends with no mask (the kernel chooses), told without a host sync
+                logits = run.train_model(batch.src, batch.tgt_in, src_padded=batch.src_tokens < batch.src.numel())
             loss, nll = label_smoothed_nll(logits, batch.tgt_out, epsilon=run.job.train.label_smoothing,
                                            ignore_index=run.model.config.pad_id)
             run.scaler.scale(loss * per_token).backward()
