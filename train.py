@@ -24,6 +24,8 @@ import torch
 from omegaconf import DictConfig
 
 from data.batching import BatchStream, Prefetcher
+from data.lock import releasing_locks
+from data.paths import check_job_paths
 from data.pipeline import Prepared, prepare
 from data.quickstart_corpus import write_corpus
 from transformer import checkpoint as ckpt
@@ -37,6 +39,7 @@ from transformer.loss import label_smoothed_nll
 from transformer.model import Transformer, TransformerConfig
 from transformer.schedule import make_optimizer, make_scheduler
 from transformer.agreement import agree, settle, start_fingerprint
+from transformer.run_lock import hold_run_dir
 from transformer.run_record import EventWriter, log_window, print_summary, write_run_record
 from transformer.training import (Run, Start, StepOutcome, StopRequest, Window, compile_for_batches, dropout_seed,
                                   keep_best, mixed_precision, plan_update, resolve_precision, resolve_run_dir,
@@ -204,6 +207,7 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest, started: float) -
     # 1. Set up: the config, the processes, the device, the run directory.
     job: TrainJob = to_job(cfg)
     setup_logging()
+    check_job_paths(dataclasses.replace(job, run_dir=str(resolve_run_dir(job, cfg))))  # data/paths.py
     job = finetune.adopt_architecture(job, argv)
     run_dir = resolve_run_dir(job, cfg)
     job = dataclasses.replace(job, run_dir=str(run_dir))
@@ -211,6 +215,7 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest, started: float) -
     if not dist.is_main:
         logging.getLogger().setLevel(logging.WARNING)
     device = distributed.pick_device(job.device, dist.local_rank, training=True)
+    hold_run_dir(run_dir, dist, device)  # one training per run_dir, before anything in it is touched
     ckpt.make_run_dir(run_dir, clean=dist.is_main)
 
     # 2. Start or resume: the checkpoint, the vocabulary, the data.
@@ -291,6 +296,7 @@ def finish(run: Run, argv: list[str]) -> None:
     print_summary(job, argv)
 
 
+@releasing_locks  # the run_dir's lock (hold_run_dir) ends with the run, also for in-process callers
 def run_training(cfg: DictConfig, argv: list[str] | None = None, started: float | None = None) -> int:
     """`train` with the stop-signal handlers installed and its failures as one-line errors. The run's wall
     clock (train.max_time) counts from `started` (time.monotonic()), by default this process's start."""
