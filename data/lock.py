@@ -52,10 +52,12 @@ class WriterLock:
     def __init__(self, path: Path):
         self.path = path
         self.fd: int | None = None
+        self.made_folder = False  # the folder was created for the lock: removed on release if nothing else came
 
     def acquire(self, *, what: str, fix: str) -> WriterLock:
         """Take the lock, or raise DirectoryInUse: `<what> is in use by <holder>: <fix>`."""
         try:
+            self.made_folder = not self.path.parent.exists()
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as error:
@@ -83,9 +85,20 @@ class WriterLock:
         return self
 
     def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing the last descriptor of the open file releases the flock
-            self.fd = None
+        """Release the lock; a folder made for it that holds nothing else (the run failed before writing) goes
+        too, so that an error leaves no trace (removed while still locked: a process that opened the file
+        before then was refused)."""
+        if self.fd is None:
+            return
+        if self.made_folder:
+            try:
+                if [p.name for p in self.path.parent.iterdir()] == [self.path.name]:
+                    self.path.unlink()
+                    self.path.parent.rmdir()
+            except OSError:
+                pass
+        os.close(self.fd)  # closing the last descriptor of the open file releases the flock
+        self.fd = None
 
 
 def holder(path: Path) -> str:
