@@ -50,7 +50,8 @@ class DataConfig:
     src_lang: str = "en"
     tgt_lang: str = "de"
     vocab_size: Optional[int] = 37000
-    spm_model: Optional[str] = path_field(READ_FILE)  # null: train a shared SentencePiece BPE model (stored in run_dir)
+    # null: train a shared SentencePiece BPE model (stored in run_dir)
+    spm_model: Optional[str] = path_field(READ_FILE, hint="or data.spm_model=null to train one")
     vocab: str = "keep"  # with init_from: keep (the checkpoint's) | transfer (a new one; docs/FINETUNING.md)
     dataset: Optional[str] = None  # HF hub name or a local directory in its layout; or train_prefix
     subset: Optional[str] = None

@@ -34,11 +34,12 @@ WRITE_DIR = "write-dir"  # a directory written into (created with its parents)
 ROLES = (READ_FILE, READ, READ_PREFIX, WRITE_FILE, WRITE_DIR)
 
 
-def path_field(role: str, default: Any = None, *, writes: tuple[str, ...] = ()) -> Any:
+def path_field(role: str, default: Any = None, *, writes: tuple[str, ...] = (), hint: str = "") -> Any:
     """A dataclass field that holds a user-given path (or a list of them) with its `role`; a WRITE_DIR names
-    the files it `writes` directly inside, so that none of them may be an input."""
+    the files it `writes` directly inside, so that none of them may be an input; `hint` ends the message
+    for a missing input (e.g. "or data.spm_model=null to train one")."""
     assert role in ROLES, role
-    return dataclasses.field(default=default, metadata={"path": role, "writes": writes})
+    return dataclasses.field(default=default, metadata={"path": role, "writes": writes, "hint": hint})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +49,7 @@ class PathKey:
     role: str
     writes: tuple[str, ...] = ()
     langs: tuple[str, str] | None = None  # READ_PREFIX: the files' suffixes
+    hint: str = ""
 
 
 def path_keys(job: Any, prefix: str = "", langs: tuple[str, str] | None = None) -> Iterator[PathKey]:
@@ -72,7 +74,7 @@ def path_keys(job: Any, prefix: str = "", langs: tuple[str, str] | None = None) 
             role = WRITE_FILE
         many = isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig"
         for item in (list(value) if many else [value]):
-            yield PathKey(key, str(item), role, f.metadata.get("writes", ()), langs)
+            yield PathKey(key, str(item), role, f.metadata.get("writes", ()), langs, f.metadata.get("hint", ""))
 
 
 def check_job_paths(job: Any) -> None:
@@ -83,9 +85,10 @@ def check_job_paths(job: Any) -> None:
     for k in keys:
         if k.role == READ_PREFIX and k.langs is not None:
             for lang in k.langs:
-                inputs.append((k.key, check_input(f"{k.value}.{lang}", k.key, directory=False)))
+                inputs.append((k.key, check_input(f"{k.value}.{lang}", k.key, directory=False, hint=k.hint)))
         elif k.role in (READ_FILE, READ):
-            inputs.append((k.key, check_input(k.value, k.key, directory=False if k.role == READ_FILE else None)))
+            inputs.append((k.key, check_input(k.value, k.key, directory=False if k.role == READ_FILE else None,
+                                              hint=k.hint)))
     for k in keys:
         if k.role == WRITE_FILE:
             check_output_file(k.value, k.key, inputs=inputs)
@@ -93,7 +96,7 @@ def check_job_paths(job: Any) -> None:
             check_output_dir(k.value, k.key, inputs=inputs, writes=k.writes)
 
 
-def check_input(path: str | os.PathLike, key: str, *, directory: bool | None = False) -> Path:
+def check_input(path: str | os.PathLike, key: str, *, directory: bool | None = False, hint: str = "") -> Path:
     """`path` as an existing file (`directory=False`), directory (True) or either (None); else a one-line
     ConfigError naming `key`."""
     path = Path(path).expanduser()
@@ -103,7 +106,8 @@ def check_input(path: str | os.PathLike, key: str, *, directory: bool | None = F
     if not path.exists():
         missing = path if path.parent.is_dir() else f"{path} (nor its folder {path.parent})"
         raise ConfigError(f"{key}={path}: {missing} does not exist: give an existing "
-                          f"{'directory' if directory else 'file' if directory is False else 'file or directory'}")
+                          f"{'directory' if directory else 'file' if directory is False else 'file or directory'}"
+                          f"{' ' + hint if hint else ''}")
     if directory is False and path.is_dir():
         raise ConfigError(f"{key}={path} is a directory: give a file")
     if directory is True and not path.is_dir():

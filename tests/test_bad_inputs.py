@@ -342,7 +342,7 @@ def _(ws):
     return user_error(train_main, ws.train_args({"data.spm_model": ws.text_file("fake.model", b"\x00garbage")}))
 
 
-@case("data", "data.spm_model missing", "cannot read SentencePiece model", "or data.spm_model=null to train one")
+@case("data", "data.spm_model missing", "missing.model does not exist", "or data.spm_model=null to train one")
 def _(ws):
     return user_error(train_main, ws.train_args({"data.spm_model": ws.fresh() / "missing.model"}))
 
