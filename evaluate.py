@@ -23,6 +23,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from data.lock import hold, releasing_locks
+from data.paths import check_job_paths
 from transformer.evaluation import steps as evaluation
 from transformer.cli import ConfigError, compose_config, decode_request, hydra_app, setup_logging, to_job
 from transformer.config import EvaluateJob
@@ -40,10 +42,14 @@ from transformer.evaluation.measures import write_results
 log = logging.getLogger("evaluate")
 
 
+@releasing_locks  # the out= folder's lock (hold_out) ends with the evaluation
 def run(cfg: DictConfig) -> int:
     job: EvaluateJob = to_job(cfg, "evaluate")
     setup_logging()
     device = pick_device(job.device)
+    check_job_paths(job)  # every file and folder given, before any is read or a model loaded (data/paths.py)
+    if job.out:
+        hold_out(job.out)
     systems = evaluation.hyp_files(job.hyp)
     if len(systems) > 1:
         return compare_systems(job, systems)
@@ -74,6 +80,8 @@ def score_one(job: EvaluateJob, test: TestSet, tokenized, translator: Translator
     """The hypotheses (given, or decoded now), their scores on stdout, what the tables need of the model
     (perplexity, parameters, steps, cost), then the files: hypotheses, scores.json, the table row, the report."""
     where = evaluation.Destinations.of(job, test)
+    if where.out is not None:
+        hold_out(where.out)
     if job.hyp is not None:
         hypotheses = evaluation.read_file(job.hyp, "hyp")
     elif test.sources is None:
@@ -136,6 +144,12 @@ def compare_systems(job: EvaluateJob, files: list[str]) -> int:
                                          "tokbleu": system.tokbleu}, table=evaluation.table_kind(job, test.name))
         log.info("appended %d rows to %s", len(result.systems), job.table)
     return 0
+
+
+def hold_out(out: str | Path) -> None:
+    """One evaluation writing into `out` at a time (data/lock.py), until `run` returns."""
+    hold(out, what=f"out={out}", fix="another evaluation is writing its results there; wait for it to end, or "
+                                     "give another out=")
 
 
 def main(argv: list[str]) -> int:

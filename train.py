@@ -20,6 +20,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from data.lock import releasing_locks
 from transformer.cli import compose_config, hydra_app, setup_logging, to_job
 from transformer.config import TrainJob
 from transformer.kernels import keep_freed_memory
@@ -85,6 +86,7 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest, started: float) -
     return 0
 
 
+@releasing_locks  # the run_dir's lock (hold_run_dir) ends with the run, also for in-process callers
 def run_training(cfg: DictConfig, argv: list[str] | None = None, started: float | None = None) -> int:
     """`train` with the stop-signal handlers installed and its failures as one-line errors. The run's wall
     clock (train.max_time) counts from `started` (time.monotonic()), by default this process's start."""

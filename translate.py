@@ -33,6 +33,7 @@ from transformer.distributed import pick_device
 from transformer.kernels import keep_freed_memory
 from transformer.search import Ensemble
 from data.lines import arriving_lines, decode_line
+from data.paths import check_job_paths, open_input, open_output
 from transformer import checkpoint as ckpt
 from transformer.decoding.translation import Translation, Translator
 
@@ -42,8 +43,7 @@ log = logging.getLogger("translate")
 def run(cfg: DictConfig) -> int:
     job: TranslateJob = to_job(cfg, "translate")
     setup_logging(quiet=job.quiet)
-    if job.input is not None and not Path(job.input).is_file():
-        raise ConfigError(f"input={job.input} is not a file: give a text file, one sentence a line")
+    check_job_paths(job)  # input, output and the checkpoints, before the model is loaded (data/paths.py)
     decode, settings = decode_request(cfg, job.decode)  # the run's own search, but for decode.* given here
     translator = Translator.load(job.checkpoint, pick_device(job.device), decode=decode, **settings)
     if job.alignment and translator.decode.nbest > 1:
@@ -63,8 +63,8 @@ def run(cfg: DictConfig) -> int:
     if shard.world_size > 1:
         raise ConfigError(f"WORLD_SIZE={shard.world_size}: processes share a translation through files; give "
                           "input=<file> and output=<file>")
-    stream = sys.stdin.buffer if job.input is None else open(job.input, "rb")
-    out: TextIO = sys.stdout if job.output is None else open(job.output, "w", encoding="utf-8")
+    stream = sys.stdin.buffer if job.input is None else open_input(job.input, "input")
+    out: TextIO = sys.stdout if job.output is None else open_output(job.output, "output")
     try:
         translate_stream(translator, stream, out, render, chunk_lines=job.chunk_lines, source=job.input or "stdin",
                          progress=not job.quiet)
@@ -111,8 +111,8 @@ def interactive(translator: Translator, job: TranslateJob) -> int:
     """Translate each input line as soon as it arrives and flush its translation, so that a pipe or a
     service can wait for it; lines that arrive together are translated together (`interactive_batch`)."""
     source = job.input or "stdin"
-    stream = sys.stdin.buffer if job.input is None else open(job.input, "rb")
-    out: TextIO = sys.stdout if job.output is None else open(job.output, "w", encoding="utf-8")
+    stream = sys.stdin.buffer if job.input is None else open_input(job.input, "input")
+    out: TextIO = sys.stdout if job.output is None else open_output(job.output, "output")
     log.info("interactive: one translation per line of %s, flushed as it is done (end with Ctrl-D)", source)
     done = 0
     try:

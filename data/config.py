@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from data.errors import ConfigError
+from data.paths import READ_FILE, READ_PREFIX, WRITE_DIR, path_field
 
 
 def require(ok: bool, message: str) -> None:
@@ -37,7 +38,7 @@ class ExtraCorpus:
     twice, and half of them, drawn once from the seed, a third time); `tag`: a piece put before every source
     sentence of this corpus (tagged back-translation: a reserved piece such as <BT>, docs/BACKTRANSLATION.md)."""
 
-    prefix: str = ""
+    prefix: str = path_field(READ_PREFIX, "")
     weight: float = 1.0
     tag: Optional[str] = None
 
@@ -49,7 +50,8 @@ class DataConfig:
     src_lang: str = "en"
     tgt_lang: str = "de"
     vocab_size: Optional[int] = 37000
-    spm_model: Optional[str] = None  # null: train a shared SentencePiece BPE model (stored in run_dir)
+    # null: train a shared SentencePiece BPE model (stored in run_dir)
+    spm_model: Optional[str] = path_field(READ_FILE, hint="or data.spm_model=null to train one")
     vocab: str = "keep"  # with init_from: keep (the checkpoint's) | transfer (a new one; docs/FINETUNING.md)
     dataset: Optional[str] = None  # HF hub name or a local directory in its layout; or train_prefix
     subset: Optional[str] = None
@@ -57,18 +59,18 @@ class DataConfig:
     train_split: str = "train"
     valid_split: str = "validation"
     test_split: str = "test"
-    train_prefix: Optional[str] = None  # <prefix>.<lang>: one sentence a line
+    train_prefix: Optional[str] = path_field(READ_PREFIX)  # <prefix>.<lang>: one sentence a line
     train_weight: float = 1.0  # with data.extra_train: how many times the main corpus counts an epoch
     extra_train: List[ExtraCorpus] = field(default_factory=list)  # more training corpora (back-translations)
-    valid_prefix: Optional[str] = None
-    test_prefix: Optional[str] = None
+    valid_prefix: Optional[str] = path_field(READ_PREFIX)
+    test_prefix: Optional[str] = path_field(READ_PREFIX)
     generate: Optional[str] = None  # `synthetic`: write the quickstart's generated corpus to the prefixes
     vocab_sample: int = 2_000_000  # sentences sampled (both sides) to train the vocabulary
     max_len: Optional[int] = 250  # training pairs with more whitespace words on a side are dropped
     max_len_ratio: Optional[float] = 1.5  # ... or whose word-length ratio exceeds this
     dedup: bool = False
     num_workers: int = 4
-    cache_dir: Optional[str] = None  # null: run_dir/data
+    cache_dir: Optional[str] = path_field(WRITE_DIR)  # null: run_dir/data
 
     def __post_init__(self) -> None:
         extra = [ExtraCorpus(**c) if isinstance(c, Mapping) else c for c in self.extra_train]

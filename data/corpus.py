@@ -26,7 +26,7 @@ import numpy as np
 from data.errors import DataError
 from data.files import atomic_write
 from data.errors import one_line
-from data.lines import count_lines
+from data.lines import count_lines, raw_lines
 from data.vocab import MarianVocab, Vocab, load_vocab
 
 HUB_UNREACHABLE = "the hub cannot be reached; use data.dataset=<local dir> or experiment=quickstart"
@@ -165,8 +165,8 @@ def _load_text(source: TextSource, *, cache_dir: Path, hashes: FileHashes) -> da
 
 
 def _read_parallel(src_path: str, tgt_path: str):
-    with open(src_path, "rb") as fs, open(tgt_path, "rb") as ft:
-        for number, (s, t) in enumerate(zip(fs, ft, strict=True), start=1):
+    with open(src_path, "rb") as fs, open(tgt_path, "rb") as ft:  # raw_lines: also bare-CR line ends
+        for number, (s, t) in enumerate(zip(raw_lines(fs), raw_lines(ft), strict=True), start=1):
             yield {"src": _decode_line(s, src_path, number), "tgt": _decode_line(t, tgt_path, number)}
 
 

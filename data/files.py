@@ -42,13 +42,15 @@ def crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def atomic_write(path: str | os.PathLike, data: str | bytes | Callable[[Any], None], *, what: str = "file") -> None:
+def atomic_write(path: str | os.PathLike, data: str | bytes | Callable[[Any], None], *, what: str = "file",
+                 elsewhere: str = "choose another run_dir") -> None:
     """Write `data` (text as UTF-8, bytes, or a function writing to a binary file) to `path` atomically: a
     temporary file in the same directory, fsync, rename, fsync of the directory. The one way this project
     writes a file that must never be seen half-written (checkpoints, vocabularies, caches, scores).
 
     A crash or a failed write (disk full, unwritable directory) never leaves a partial file under `path`,
-    and whatever was at `path` before stays intact. I/O failures raise WriteError.
+    and whatever was at `path` before stays intact. I/O failures raise WriteError, whose fix ends with
+    `elsewhere` (the key that chooses where the file goes).
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
@@ -73,7 +75,7 @@ def atomic_write(path: str | os.PathLike, data: str | bytes | Callable[[Any], No
             raise  # not an I/O failure (e.g. an object torch cannot serialise): a bug, keep the traceback
         reason = os_error.strerror or str(os_error)
         raise WriteError(
-            f"could not write {what} {path}: {reason}; {_fix_for(os_error)} or choose another run_dir "
+            f"could not write {what} {path}: {reason}; {_fix_for(os_error)} or {elsewhere} "
             f"(earlier {what}s are intact)"
         ) from e
 

@@ -1,8 +1,16 @@
-"""Raw text as lines, for translation: all at once, in chunks of a fixed size, or as they arrive.
+"""Raw text as lines, the one reader of the project's text files: all at once, in chunks of a fixed size,
+or as they arrive.
 
-Translation input is forgiving where training data is strict (data/corpus.py refuses invalid UTF-8): a line
-that is not valid UTF-8 is translated with its bad bytes replaced, and a warning names it. A line ends at
-"\\n"; a trailing "\\r" is dropped; a last line without "\\n" is still a line.
+Every reader here (and data/corpus.py's for training) agrees on what a line is: it ends at "\\n", a trailing
+"\\r" is dropped (CRLF), and a last line without "\\n" is still a line; a file whose first line end is a
+bare "\\r" (classic Mac OS) has "\\r" line ends (`line_end`). A UTF-8 byte-order mark before the first line
+is dropped (Windows editors write one; it is no part of the text and would make a sentence that starts
+with it differ from the same sentence without it).
+
+Invalid UTF-8: translation input is forgiving (a line that is not valid UTF-8 is translated with its bad
+bytes replaced, and a warning names the file and line); what a score is computed against is strict
+(`read_text_lines(strict=True)`: a reference with replaced bytes is another reference, and its score would
+be silently wrong), as training data is (data/corpus.py).
 """
 
 from __future__ import annotations
@@ -14,12 +22,16 @@ import select
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
+from data.errors import ConfigError
+
 log = logging.getLogger(__name__)
+
+BOM = "\ufeff".encode("utf-8")
 
 
 def split_lines(raw: bytes, source: str) -> list[str]:
     """Split raw bytes into lines; invalid UTF-8 is replaced, with a warning naming the line."""
-    lines = raw.split(b"\n")
+    lines = raw.split(line_end(raw[:1 << 16]))
     if lines and lines[-1] == b"":
         lines.pop()
     return [decode_line(line, source, number) for number, line in enumerate(lines, start=1)]
@@ -29,6 +41,8 @@ def decode_line(line: bytes, source: str, number: int) -> str:
     """One input line (without its "\n") as text: a trailing "\r" is dropped, invalid UTF-8 is replaced with a
     warning naming the line (`source` line `number`)."""
     line = line.removesuffix(b"\r")
+    if number == 1:
+        line = line.removeprefix(BOM)
     try:
         return line.decode("utf-8")
     except UnicodeDecodeError:
@@ -37,21 +51,72 @@ def decode_line(line: bytes, source: str, number: int) -> str:
 
 
 def count_lines(path: Path | str) -> int:
-    """Lines as `for line in open(path, "rb")` sees them: "\\n"-terminated, plus an unterminated last one."""
+    """Lines as `raw_lines` sees them: terminated by the file's line end, plus an unterminated last one."""
     n, last = 0, b"\n"
     with open(path, "rb") as f:
+        end = line_end(f.peek(1 << 16))
+        last = end
         while chunk := f.read(1 << 22):
-            n += chunk.count(b"\n")
+            n += chunk.count(end)
             last = chunk[-1:]
-    return n + (last != b"\n")
+    return n + (last != end)
+
+
+def line_end(head: bytes) -> bytes:
+    """b"\\r" when the first line end in `head` (a file's first bytes) is a bare carriage return, else b"\\n"."""
+    cr, lf = head.find(b"\r"), head.find(b"\n")
+    if cr >= 0 and (lf < 0 or cr < lf) and head[cr + 1:cr + 2] != b"\n" and cr + 1 < len(head):
+        return b"\r"
+    return b"\n"
+
+
+def raw_lines(stream: BinaryIO) -> Iterator[bytes]:
+    """The lines of a binary stream without their "\\n" (a CRLF line keeps its "\\r": `decode_line` drops it),
+    or without their "\\r" in a file of bare-CR line ends; read as they are needed."""
+    peek = getattr(stream, "peek", None)
+    end = line_end(peek(1 << 16)) if peek is not None else b"\n"
+    if end == b"\n":
+        for line in stream:
+            yield line.removesuffix(b"\n")
+        return
+    pending = b""
+    while chunk := stream.read(1 << 20):
+        *complete, pending = (pending + chunk).split(end)
+        yield from complete
+    if pending:
+        yield pending
+
+
+def read_text_lines(path: Path | str, key: str, *, strict: bool = False) -> list[str]:
+    """The lines of a text file (the module docstring: line ends, BOM). Invalid UTF-8: with `strict`, a one-line
+    ConfigError naming `key`, the file, the line and the column; else replaced, with a warning naming them."""
+    with open(path, "rb") as stream:
+        raw = list(raw_lines(stream))
+    if not strict:
+        return [decode_line(line, str(path), number) for number, line in enumerate(raw, start=1)]
+    lines = []
+    for number, line in enumerate(raw, start=1):
+        try:
+            lines.append(decode_line_strict(line, number))
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{key}={path}, line {number}: invalid UTF-8 (byte 0x{line[e.start]:02x} at column "
+                              f"{e.start + 1}); a score against replaced bytes would be wrong: fix the file "
+                              "(e.g. iconv -f <its encoding> -t utf-8)") from None
+    return lines
+
+
+def decode_line_strict(line: bytes, number: int) -> str:
+    """`decode_line` without the replacement: raises UnicodeDecodeError."""
+    line = line.removesuffix(b"\r")
+    return (line.removeprefix(BOM) if number == 1 else line).decode("utf-8")
 
 
 def chunks(stream: BinaryIO, lines: int) -> Iterator[list[bytes]]:
     """The lines of `stream` (without "\\n") in lists of `lines` (the last may be shorter), read as they are
     needed: memory holds one chunk, whatever the size of the input."""
     chunk: list[bytes] = []
-    for line in stream:
-        chunk.append(line.removesuffix(b"\n"))
+    for line in raw_lines(stream):
+        chunk.append(line)
         if len(chunk) == lines:
             yield chunk
             chunk = []

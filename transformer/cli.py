@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import hydra
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException
+from hydra.errors import HydraException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
@@ -100,6 +100,8 @@ def compose_config(overrides: Sequence[str], *, config_name: str = "config") -> 
     with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
         try:
             cfg = compose(config_name, overrides=list(overrides), return_hydra_config=True)
+        except OverrideParseException as error:  # e.g. LexerNoViableAltException for an unbalanced quote
+            raise ConfigError(unparsable_override(error)) from None
         except HydraException as error:  # "Could not override 'x'": a key this entry point does not have
             unknown = re.match(r"Could not override '([^']+)'", str(error))
             if unknown is None:
@@ -125,6 +127,16 @@ def compose_config(overrides: Sequence[str], *, config_name: str = "config") -> 
         cfg.choices = choices
         cfg.overrides = list(overrides)
     return cfg
+
+
+def unparsable_override(error: OverrideParseException) -> str:
+    """Hydra's override-grammar error (several lines, the parser's class name first) as one line that says how
+    to quote a value on the command line."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    override = first.split(": ", 1)[-1] if "Exception: " in first else first
+    return (f"cannot parse the override {override}: a quote is unbalanced or the value holds a character Hydra "
+            "reads as syntax (space , [ ] { } ( ) ' \" = :); quote the value for Hydra and the whole override for "
+            "the shell, e.g. 'key=\"a value, with commas\"' (a quote inside the value: \\' or \\\")")
 
 
 def decode_request(cfg: DictConfig, decode: DecodeConfig) -> tuple[DecodeConfig | None, dict]:

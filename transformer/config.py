@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 from data.config import DataConfig, at_least, one_of, require
 from data.errors import ConfigError
+from data.paths import READ, READ_FILE, WRITE_DIR, WRITE_FILE, path_field
 
 
 # ------------------------------------------------------------------------------------------------ model
@@ -254,10 +255,10 @@ class DecodeConfig:
 class TrainJob:
     """Everything train.py reads (configs/config.yaml)."""
 
-    run_dir: Optional[str] = None  # null: runs/<experiment or model>-<corpus>-<src>-<tgt>
+    run_dir: Optional[str] = path_field(WRITE_DIR)  # null: runs/<experiment or model>-<corpus>-<src>-<tgt>
     seed: int = 1
     device: str = "auto"  # auto: cuda if available, else cpu
-    init_from: Optional[str] = None  # a checkpoint or run_dir to fine-tune from (docs/FINETUNING.md)
+    init_from: Optional[str] = path_field(READ)  # a checkpoint or run_dir to fine-tune from (docs/FINETUNING.md)
     prepare_only: bool = False  # true: build the vocabulary and encode the data into run_dir, then exit
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=lambda: DataConfig(dataset="wmt/wmt14", subset="de-en"))
@@ -300,9 +301,9 @@ def _check_position_table(max_positions: int, decode: DecodeConfig) -> None:
 class TranslateJob:
     """Everything translate.py reads (configs/translate.yaml)."""
 
-    checkpoint: Any = None  # a run directory, a .pt file, or a list of them (an ensemble)
-    input: Optional[str] = None  # null: stdin
-    output: Optional[str] = None  # null: stdout
+    checkpoint: Any = path_field(READ)  # a run directory, a .pt file, or a list of them (an ensemble)
+    input: Optional[str] = path_field(READ_FILE)  # null: stdin
+    output: Optional[str] = path_field(WRITE_FILE)  # null: stdout
     device: str = "auto"
     quiet: bool = False  # true: warnings only on stderr, no progress bar
     alignment: bool = False  # true: "translation ||| i-j ..." word alignments from cross-attention
@@ -324,22 +325,27 @@ class TranslateJob:
                 f"interactive_batch={self.interactive_batch} must be a positive integer (1: one line at a time)")
 
 
+# What evaluate.py may write into `out` (none of them may be one of its inputs: data/paths.py).
+EVAL_FILES = ("hyp.txt", "scores.json", "report.md", "significance.md", "significance.json", "checkpoints.md",
+              "checkpoints.json")
+
+
 @dataclass(frozen=True, kw_only=True)
 class EvaluateJob:
     """Everything evaluate.py reads (configs/evaluate.yaml)."""
 
-    checkpoint: Any = None  # a run directory, a .pt file, or a list of them
+    checkpoint: Any = path_field(READ)  # a run directory, a .pt file, or a list of them
     testset: Optional[str] = None  # sacreBLEU name, e.g. wmt14/full (newstest2014) or wmt13 (newstest2013)
     langpair: Optional[str] = None  # null: <src>-<tgt> of the checkpoint
-    src: Optional[str] = None
-    ref: Optional[str] = None
-    tok_ref: Optional[str] = None  # a lowercased, tokenised reference (Multi30k's *.lc.norm.tok.<lang>): adds lcBLEU
-    hyp: Any = None  # score this translation instead of decoding; [base,new,...]: paired tests against the first
+    src: Optional[str] = path_field(READ_FILE)
+    ref: Optional[str] = path_field(READ_FILE)
+    tok_ref: Optional[str] = path_field(READ_FILE)  # a lowercased, tokenised reference (Multi30k's *.lc.norm.tok.<lang>): adds lcBLEU
+    hyp: Any = path_field(READ_FILE)  # score this translation instead of decoding; [base,new,...]: paired tests against the first
     lang: Optional[str] = None  # target language for tokBLEU; null: the checkpoint's, else the ref's suffix
     split: str = "auto"  # test → a Table 2 row, dev → a Table 3 row; auto: dev for newstest2013, else test
     name: Optional[str] = None  # the row's model name; null: the run directory's name
-    out: Optional[str] = None  # where hypotheses and scores.json go; null: run_dir/eval/<test set>
-    table: Optional[str] = None  # Markdown table to append to; null: run_dir/eval/table.md
+    out: Optional[str] = path_field(WRITE_DIR, writes=EVAL_FILES)  # where hypotheses and scores.json go; null: run_dir/eval/<test set>
+    table: Optional[str] = path_field(WRITE_FILE)  # Markdown table to append to; null: run_dir/eval/table.md
     report: Optional[bool] = None  # report.md + figures next to scores.json; null: on when checkpoint= is a run dir
     device: str = "auto"
     decode: DecodeConfig = field(default_factory=DecodeConfig)

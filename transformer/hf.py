@@ -11,14 +11,41 @@ DIR`, as a CTranslate2 model (transformer/interop/ct2_export.py). Needs `pip ins
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from pathlib import Path
 
-from data.errors import DataError, one_line
+from data.errors import ConfigError, DataError, one_line
+from data.paths import READ, WRITE_DIR, check_input, check_output_dir
 from transformer import checkpoint as ckpt
 from transformer.interop.ct2_export import QUANTIZATIONS, export_ctranslate2
 from transformer.interop.marian import InteropError, export_marian, import_marian, load_model, train_overrides
+
+# The paths of each command, by role (data/paths.py): checked before anything is imported or read.
+CLI_PATHS = {"import": {"src": READ, "run_dir": WRITE_DIR},
+             "export": {"checkpoint": READ, "out_dir": WRITE_DIR, "ctranslate2": WRITE_DIR}}
+
+
+def _importable(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
+
+
+def check_cli_paths(args: argparse.Namespace) -> None:
+    """Each path argument of `args.command` checked by its role (CLI_PATHS); one-line ConfigError."""
+    inputs = []
+    for name, role in CLI_PATHS[args.command].items():
+        value, key = getattr(args, name, None), name if name != "ctranslate2" else "--ctranslate2"
+        if value is None:
+            continue
+        if role == READ:
+            inputs.append((key, check_input(value, key, directory=None)))
+        else:
+            check_output_dir(value, key, inputs=inputs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +63,16 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("--quantization", choices=QUANTIZATIONS, help="CTranslate2 weight type (default float32)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        check_cli_paths(args)
+        needs = ["transformers"] + (["ctranslate2"] if getattr(args, "ctranslate2", None) else [])
+        missing = [name for name in needs if not _importable(name)]
+        if missing:
+            raise InteropError(f"python -m transformer.hf {args.command} needs {' and '.join(missing)}, which "
+                               "is not installed: pip install -e '.[hf]'")
+    except (InteropError, ConfigError) as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return 2
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # stderr keeps to our lines: an error is one line
@@ -58,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.ctranslate2:
                 ct2 = export_ctranslate2(model, vocab, args.ctranslate2, quantization=args.quantization)
                 print(f"wrote {ct2} (CTranslate2, {args.quantization or 'float32'})")
-    except (InteropError, ckpt.CheckpointError, DataError) as e:
+    except (InteropError, ckpt.CheckpointError, DataError, ConfigError) as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     return 0

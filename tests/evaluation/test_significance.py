@@ -147,7 +147,7 @@ def test_one_hyp_in_a_list_is_the_single_system_evaluation(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("problem, words", [
-    ("missing", "is not a file"),
+    ("missing", "nope.en does not exist"),
     ("short", "has 2 lines but the reference has 6"),
     ("twice", "given twice"),
     ("checkpoint", "drop checkpoint="),

@@ -354,7 +354,7 @@ def _truncated_checkpoint(path: Path) -> Path:
 
 @pytest.mark.parametrize("entry", [translate, evaluate], ids=["translate", "evaluate"])
 @pytest.mark.parametrize("problem, words", [
-    ("missing", "not found"),
+    ("missing", "does not exist"),
     ("foreign", "foreign checkpoint"),
     ("truncated", "truncated"),
 ])

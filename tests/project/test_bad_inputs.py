@@ -276,12 +276,12 @@ def data_args(ws: Workspace, prefix, changes: dict | None = None) -> list[str]:
                           **(changes or {})})
 
 
-@case("data", "training file missing", "data file not found:", "fix the prefix or data.src_lang/data.tgt_lang")
+@case("data", "training file missing", "nothing.en does not exist", "give an existing file")
 def _(ws):
     return user_error(train_main, data_args(ws, ws.fresh() / "nothing"))
 
 
-@case("data", "validation file missing", "data file not found:", "fix the prefix or data.src_lang/data.tgt_lang")
+@case("data", "validation file missing", "data.valid_prefix=", "does not exist: give an existing file")
 def _(ws):
     return user_error(train_main, ws.train_args({"data.valid_prefix": ws.fresh() / "nothing"}))
 
@@ -342,7 +342,7 @@ def _(ws):
     return user_error(train_main, ws.train_args({"data.spm_model": ws.text_file("fake.model", b"\x00garbage")}))
 
 
-@case("data", "data.spm_model missing", "cannot read SentencePiece model", "or data.spm_model=null to train one")
+@case("data", "data.spm_model missing", "missing.model does not exist", "or data.spm_model=null to train one")
 def _(ws):
     return user_error(train_main, ws.train_args({"data.spm_model": ws.fresh() / "missing.model"}))
 
@@ -398,7 +398,7 @@ def _(ws):
     return "exit 0, the translation stays one line (line breaks become spaces)"
 
 
-@case("text", "input file missing", "is not a file: give a text file", "one sentence a line")
+@case("text", "input file missing", "missing.txt does not exist", "give an existing file")
 def _(ws):
     return user_error(translate.main, [f"checkpoint={ws.run}", f"input={ws.fresh() / 'missing.txt'}"])
 
@@ -500,7 +500,7 @@ def _(ws):
     return user_error(translate.main, [f"checkpoint={ws.damaged('v99.pt', lambda s: {**s, 'format_version': 99})}"])
 
 
-@case("checkpoint", "path does not exist", "checkpoint not found:", "expected a .pt file or a run directory")
+@case("checkpoint", "path does not exist", "missing.pt does not exist", "give an existing file or directory")
 def _(ws):
     return user_error(translate.main, [f"checkpoint={ws.fresh() / 'missing.pt'}"])
 
@@ -540,7 +540,7 @@ def _(ws):
     return user_error(evaluate.main, [f"checkpoint={ws.run}", "testset=wmt99"])
 
 
-@case("evaluate", "reference file missing", "is not a file", "give a text file, one sentence a line")
+@case("evaluate", "reference file missing", "ref=", "does not exist: give an existing file")
 def _(ws):
     return user_error(evaluate.main, [f"hyp={ws.text_file('h.de', b'a')}", f"ref={ws.fresh() / 'missing.de'}"])
 

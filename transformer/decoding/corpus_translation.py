@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from data.errors import ConfigError
 from data.files import atomic_write
+from data.lock import hold, releasing_locks
 from data.lines import chunks, count_lines, decode_line
 from transformer.decoding.translation import Translation, Translator
 
@@ -84,12 +85,16 @@ def translate_stream(translator: Translator, stream: BinaryIO, out: TextIO, rend
     return done
 
 
+@releasing_locks
 def translate_file(translator: Translator, input: Path, output: Path, render: Render, *, chunk_lines: int,
                    request: dict, shard: Shard = Shard(), progress: bool = True) -> bool:
     """Translate the file `input` into `output` through `<output>.parts/` (the module docstring); resumes from
     the chunks already there. `request` (JSON) names the model and settings, for the resume check. Returns
     whether this process joined the chunks into `output` (false: another rank's chunks are still missing)."""
     parts = parts_dir(output)
+    hold(parts, name=f".writer-rank{shard.rank}.lock", what=f"rank {shard.rank}'s share of output={output}",
+         fix="another translate.py writes these chunks now (the same command run twice?); wait for it to end, "
+             "or give another output=")
     total = count_lines(input)
     n_chunks = -(-total // chunk_lines)
     _claim(parts, {"input": str(input.resolve()), "input_bytes": input.stat().st_size,
@@ -110,7 +115,7 @@ def translate_file(translator: Translator, input: Path, output: Path, render: Re
             first = chunk * chunk_lines
             texts = [decode_line(line, str(input), first + i) for i, line in enumerate(raw, start=1)]
             results = translator.translate_nbest(texts, source=str(input), first_line=first + 1)
-            atomic_write(parts / f"{chunk:09d}.txt", render(texts, results, first), what="translation chunk")
+            atomic_write(parts / f"{chunk:09d}.txt", render(texts, results, first), what="translation chunk", elsewhere="give another output=")
             bar.update(len(raw))
     missing = n_chunks - len(written_chunks(parts))
     if missing:
@@ -140,7 +145,7 @@ def join(parts: Path, output: Path, n_chunks: int) -> None:
             with open(parts / f"{chunk:09d}.txt", "rb") as part:
                 shutil.copyfileobj(part, f)
 
-    atomic_write(output, write, what="translation")
+    atomic_write(output, write, what="translation", elsewhere="give another output=")
     shutil.rmtree(parts, ignore_errors=True)
 
 
@@ -158,4 +163,4 @@ def _claim(parts: Path, request: dict) -> None:
                 f"{parts} holds chunks of another translation (different: {', '.join(changed) or 'request.json'}"
                 f"): run the same command as before to resume it, or delete {parts} to start again")
         return
-    atomic_write(record, json.dumps(request, indent=1, sort_keys=True) + "\n", what="translation request")
+    atomic_write(record, json.dumps(request, indent=1, sort_keys=True) + "\n", what="translation request", elsewhere="give another output=")

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data.errors import ConfigError
+from data.lines import read_text_lines
+from data.paths import check_input
 from transformer import checkpoint as ckpt
 from transformer.checkpoint import TrainState
 from transformer.config import EvaluateJob, model_config_with_defaults
 from transformer.evaluation.scoring import Score, lc_bleu, sacrebleu_scores
 from transformer.evaluation.tables import training_flops
-from transformer.evaluation.testsets import load_testset, read_lines, testset_langpairs
+from transformer.evaluation.testsets import load_testset, testset_langpairs
 from transformer.evaluation.measures import corpus_nll
 
 log = logging.getLogger("evaluate")
@@ -63,9 +65,11 @@ class Destinations:
 
 
 def read_file(path: str, key: str) -> list[str]:
-    if not Path(path).is_file():
-        raise ConfigError(f"{key}={path} is not a file: give a text file, one sentence a line")
-    return read_lines(path)
+    """The lines of `key`=path as sacreBLEU scores them (trailing whitespace removed). Invalid UTF-8 in what a
+    score is computed against (ref=, tok_ref=) is a one-line error, in a hypothesis or source a warning naming
+    the line (data/lines.py says why)."""
+    check_input(path, key)
+    return [line.rstrip() for line in read_text_lines(path, key, strict=key in ("ref", "tok_ref"))]
 
 
 def hyp_files(hyp) -> list[str]:

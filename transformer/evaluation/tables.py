@@ -163,7 +163,7 @@ def append_table_row(table_path: str | os.PathLike, row: dict[str, Any], table: 
             pos += 1
         lines.insert(pos, new_row)
 
-    atomic_write(path, "\n".join(lines).rstrip("\n") + "\n", what="table")
+    atomic_write(path, "\n".join(lines).rstrip("\n") + "\n", what="table", elsewhere="give another table=")
 
 
 def table_markdown(row: dict[str, Any], table: str = "2") -> list[str]:

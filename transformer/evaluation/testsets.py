@@ -5,12 +5,13 @@ them."""
 import copy
 import os
 
+from data.lines import read_text_lines
+
 
 def read_lines(path: str | os.PathLike) -> list[str]:
-    """The lines of a UTF-8 text file, split on "\\n" only, invalid bytes replaced by U+FFFD and trailing
-    whitespace removed: exactly how sacreBLEU's command line reads hypotheses and references."""
-    with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
-        return [line.rstrip() for line in f]
+    """The lines of a UTF-8 text file (data/lines.py: line ends, BOM; invalid bytes replaced by U+FFFD with a
+    warning) with trailing whitespace removed, as sacreBLEU's command line reads hypotheses and references."""
+    return [line.rstrip() for line in read_text_lines(path, str(path))]
 
 
 def _sacrebleu_cache() -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from data.paths import check_job_paths
 from data.pipeline import Prepared, prepare
 from data.vocab import MarianVocab, Vocab, load_vocab
 from quickstart.corpus import write_corpus
@@ -21,14 +22,17 @@ from transformer import distributed
 from transformer.checkpoint import TrainState
 from transformer.config import ARCH_KEYS, DATA_KEYS, ConfigError, TrainJob, model_config_with_defaults
 from transformer.training import finetune
+from transformer.training.run_lock import hold_run_dir
 
 log = logging.getLogger("train")
 
 
 def start_processes(job: TrainJob, cfg: DictConfig, argv: list[str]) -> tuple[TrainJob, distributed.DistInfo,
                                                                          torch.device]:
-    """The job as it runs (init_from's architecture adopted, its run_dir resolved), this process's place among
+    """Every path the job names checked (data/paths.py); the job as it runs (init_from's architecture adopted,
+    its run_dir resolved and held by this job alone: training/run_lock.py), this process's place among
     the ranks and its device; the run directory made (rank 0 clears a crashed run's temporary files)."""
+    check_job_paths(dataclasses.replace(job, run_dir=str(resolve_run_dir(job, cfg))))  # data/paths.py
     job = finetune.adopt_architecture(job, argv)
     run_dir = resolve_run_dir(job, cfg)
     job = dataclasses.replace(job, run_dir=str(run_dir))
@@ -36,6 +40,7 @@ def start_processes(job: TrainJob, cfg: DictConfig, argv: list[str]) -> tuple[Tr
     dist = distributed.init_from_env(device.type)
     if not dist.is_main:
         logging.getLogger().setLevel(logging.WARNING)
+    hold_run_dir(run_dir, dist, device)  # one training per run_dir, before anything in it is touched
     ckpt.make_run_dir(run_dir, clean=dist.is_main)
     return job, dist, device
 
