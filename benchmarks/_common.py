@@ -10,6 +10,7 @@ None of them changes the matmul work per token.
 from __future__ import annotations
 
 import argparse
+import datetime
 import dataclasses
 import os
 import platform
@@ -68,6 +69,15 @@ def print_profile(title: str, fn: Callable[[], object], rows: int) -> None:
         fn()
     print(f"=== {title}")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
+
+
+def measured_on(script: str, *, threads: int, load_before: float) -> str:
+    """The sentence that opens a CPU benchmark's section: when, on which CPU, threads, torch, the load before
+    and after, and the command that made it."""
+    when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    return (f"Measured {when} on {os.cpu_count()}-core CPU ({cpu_name()}), {threads} torch thread(s), torch "
+            f"{torch.__version__}; 1-minute load average {load_before:.1f} before, {load_average():.1f} after. "
+            f"Command: `{command_line(script)}`.")
 
 
 def load_remark(before: float, after: float) -> str:

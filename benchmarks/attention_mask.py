@@ -27,7 +27,6 @@ A source batch without padding attends with no mask (transformer/model.py `Trans
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import tempfile
 from pathlib import Path
@@ -35,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import ROOT, alternate, command_line, cpu_name, describe, load_average, median, random_tokens, table
-from _common import write_section
+from _common import (ROOT, alternate, describe, load_average, measured_on, median, random_tokens, table,
+                     write_section)
 from data.batching import batch_by_size
 from data.vocab import train_vocab
 from transformer.model import Transformer, TransformerConfig
@@ -167,12 +166,9 @@ def main() -> None:
     load_before = load_average()
     batch_table = batch_rows(args)
     config, speed_table = speed_rows(args)
-    when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     section = "\n".join([
         HEADING, "",
-        f"Measured {when} on {os.cpu_count()}-core CPU ({cpu_name()}), {args.threads} torch thread(s), torch "
-        f"{torch.__version__}; 1-minute load average {load_before:.1f} before, {load_average():.1f} after. "
-        f"Command: `{command_line('attention_mask.py')}`.", "",
+        measured_on("attention_mask.py", threads=args.threads, load_before=load_before), "",
         "A source batch without padding attends with no mask (no mask tensor reaches the kernel). How often "
         "training batches have none, on the corpora in ../shared/data. The WMT14 sample is 1 % of WMT14; "
         "its lengths repeated 100 times stand for a corpus of WMT14's size with the sample's length "

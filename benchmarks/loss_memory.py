@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import datetime
 import gc
 import importlib.util
 import json
@@ -35,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from _common import ROOT, command_line, cpu_name, describe, load_average, random_tokens, table, write_section
+from _common import ROOT, describe, load_average, measured_on, random_tokens, table, write_section
 from transformer.model import Transformer, TransformerConfig
 from transformer.training.schedule import make_optimizer
 
@@ -147,12 +146,9 @@ def main() -> None:
         rows.append([precision, "after − before", "", "", f"{after['peak_mib'] - before['peak_mib']:+,.0f} MiB",
                      f"{after['update_mib'] - before['update_mib']:+,.0f} MiB", ""])
     config = config_of(args)
-    when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     section = "\n".join([
         HEADING, "",
-        f"Measured {when} on {os.cpu_count()}-core CPU ({cpu_name()}), {args.threads} torch thread(s), torch "
-        f"{torch.__version__}; 1-minute load average {load_before:.1f} before, {load_average():.1f} after. "
-        f"Command: `{command_line('loss_memory.py')}`.", "",
+        measured_on("loss_memory.py", threads=args.threads, load_before=load_before), "",
         f"One update ({'tiny model' if args.smoke else 'base'}: {describe(config)}; {args.tokens // args.length} × "
         f"{args.length} source and target tokens, no padding; forward, label-smoothed loss, backward, Adam), each "
         "in a fresh process after one update of warm-up. Resident memory before the update, its peak during it, "

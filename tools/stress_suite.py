@@ -20,7 +20,6 @@ import argparse
 import json
 import multiprocessing
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -28,6 +27,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import cpu_name  # noqa: E402  (how every figure of benchmarks/ names its CPU)
+
 CONDITIONS = {  # name: (threads, hog)
     "1thread": (1, False),
     "2threads": (2, False),
@@ -43,16 +45,6 @@ def spin(core: int) -> None:
     x = 0
     while True:
         x = (x * 1103515245 + 12345) % 2**31
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def run_suite(threads: int, hog: bool, pytest_args: list[str]) -> dict:
