@@ -25,12 +25,22 @@ def test_gpu_check_smoke_runs_every_step(tmp_path):
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["tests"]["ok"] and "skipped" in report["tests"]["summary"]  # no CUDA here: collected, skipped
-    assert {(row["batch"], row["compile"]) for row in report["training"]} == {
-        ("per GPU at 8 GPUs", False), ("25k on one GPU", False), ("per GPU at 8 GPUs", True), ("25k on one GPU", True)}
-    assert all(row["tokens_per_s"] > 0 and 0 < row["mfu"] for row in report["training"])
-    assert [row["engine"] for row in report["decoding"]] == ["ours fp32", "ours bf16", "CTranslate2"]
+    training = report["training"]  # train.py's own update (train_step on build_run's Run), every row named
+    assert [(row["setup"], row["compile"]) for row in training["rows"]] == [
+        ("paper max_tokens", False), ("GPU-sized", False), ("GPU-sized", True)]
+    assert training["rows"][0]["passes"] > 1  # the planner's passes
+    for row in training["rows"]:
+        assert 0 < row["tgt_tokens_per_s"] < row["src_tgt_tokens_per_s"] and row["mfu_measured"] > 0
+        assert row["mfu_datasheet"] is None and row["peak_gib"] is None and row["first_update_s"] > 0  # CPU: n/a
+    assert training["loss"]["bf16"] > 0 and training["loss"]["fp32"] > 0 and training["loss"]["within_1_percent"]
+    engines = [row["engine"] for row in report["decoding"]]
+    assert engines[:2] == ["ours fp32", "ours bf16"] and engines[2] in ("CTranslate2 fp32", "CTranslate2")
+    assert all(row["tokens_per_s"] for row in report["decoding"]) or "not importable" in report["decoding"][-1]["note"]
     markdown = (tmp_path / "gpu_check.md").read_text()
-    assert markdown.startswith("## GPU check") and "| per GPU at 8 GPUs | on |" in markdown
+    assert markdown.startswith("## GPU check")
+    for words in ("| GPU-sized | 1,200 × 1 | on |", "tgt tokens/s", "src+tgt tokens/s", "MFU (datasheet)",
+                  "MFU (measured peak)", "peak memory", "first update", "bf16 against fp32", "CTranslate2"):
+        assert words in markdown
     assert not (ROOT / "docs" / "BENCHMARKS.md").read_text().count("python benchmarks/gpu_check.py --smoke")
 
 
