@@ -170,7 +170,7 @@ def main() -> None:
         HEADING, "",
         measured_on("attention_mask.py", threads=args.threads, load_before=load_before), "",
         "A source batch without padding attends with no mask (no mask tensor reaches the kernel). How often "
-        "training batches have none, on the corpora in ../shared/data. The WMT14 sample is 1 % of WMT14; "
+        "training batches have none, on the corpora in ../shared/data (this repository's test data). The WMT14 sample is 1 % of WMT14; "
         "its lengths repeated 100 times stand for a corpus of WMT14's size with the sample's length "
         "distribution, whose length buckets hold 100× the pairs:", "",
         table(["corpus", "pairs", "tokens a pass", "bucketing", "batches", "pass filled", "without source padding",

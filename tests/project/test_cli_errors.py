@@ -20,7 +20,8 @@ import evaluate  # noqa: E402
 import train  # noqa: E402
 import translate  # noqa: E402
 from helpers import subprocess_env, train_main, user_error  # noqa: E402
-from transformer import distributed, translation  # noqa: E402
+from transformer import distributed  # noqa: E402
+from transformer.decoding import translation  # noqa: E402
 from transformer.cli import ConfigError  # noqa: E402
 
 

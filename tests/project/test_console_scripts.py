@@ -31,7 +31,7 @@ def test_console_scripts_of_an_installed_copy_work_from_any_directory(tiny_run, 
     source.mkdir()
     for name in ("pyproject.toml", "README.md", "train.py", "translate.py", "evaluate.py"):
         shutil.copy(ROOT / name, source / name)
-    for name in ("transformer", "data", "configs"):
+    for name in ("transformer", "data", "quickstart", "configs"):
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     site = tmp_path / "site"
     install = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",

@@ -41,12 +41,12 @@ FAULTY_TRAIN = textwrap.dedent("""
     import torch
     import train
     from transformer.cli import main_with_user_errors
-    from transformer.training import update
+    from transformer.training import update as one_update
 
     kind, _, where = os.environ["FAULT"].partition("@")
     rank, update = (int(x) for x in where.split(":"))
     poisoned = False
-    real_seed, real_loss = update.dropout_seed, update.label_smoothed_nll
+    real_seed, real_loss = one_update.dropout_seed, one_update.label_smoothed_nll
 
     def dropout_seed(seed, step, slot):
         global poisoned
@@ -69,7 +69,7 @@ FAULTY_TRAIN = textwrap.dedent("""
         loss, nll = real_loss(logits, target, **kwargs)
         return (loss * float("nan") if poisoned and kind == "nan" else loss), nll
 
-    update.dropout_seed, update.label_smoothed_nll = dropout_seed, loss_with_nan
+    one_update.dropout_seed, one_update.label_smoothed_nll = dropout_seed, loss_with_nan
     sys.argv[0] = os.path.join({root!r}, "train.py")
     main_with_user_errors(train.main)()
 """)
