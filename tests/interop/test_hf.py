@@ -23,7 +23,8 @@ ctranslate2 = import_extra("ctranslate2")
 import sentencepiece as spm  # noqa: E402
 
 from data.vocab import MarianVocab  # noqa: E402
-from transformer.interop import ct2_export, marian  # noqa: E402
+from transformer.interop import ct2_export  # noqa: E402
+from transformer.interop import marian as marian_interop  # noqa: E402  (tests name a fixture `marian`)
 from transformer import hf  # noqa: E402
 from transformer.search import beam_search, greedy_search  # noqa: E402
 from transformer.decoding.translation import Translator, pad_rows  # noqa: E402
@@ -144,8 +145,8 @@ def imported(request, tmp_path_factory, spm_models, one_torch_thread):
     base = tmp_path_factory.mktemp(request.param)
     marian_dir = write_marian(base / "marian", spm_models, **VARIANTS[request.param])
     run_dir = base / "run"
-    marian.import_marian(marian_dir, run_dir)
-    model, vocab, _ = marian.load_model(run_dir)
+    marian_interop.import_marian(marian_dir, run_dir)
+    model, vocab, _ = marian_interop.load_model(run_dir)
     theirs = transformers.MarianMTModel.from_pretrained(marian_dir).eval()
     tokenizer = transformers.MarianTokenizer.from_pretrained(marian_dir)
     return marian_dir, run_dir, theirs, tokenizer, model, vocab, request.param
@@ -220,9 +221,9 @@ def test_imported_greedy_and_beam_equal_generate(imported):
 
 def test_round_trip_import_export_import_reproduces_the_weights(imported, tmp_path):
     _, _, _, _, model, vocab, _ = imported
-    marian.export_marian(model, vocab, tmp_path / "exported")
-    marian.import_marian(tmp_path / "exported", tmp_path / "again")
-    again, again_vocab, _ = marian.load_model(tmp_path / "again")
+    marian_interop.export_marian(model, vocab, tmp_path / "exported")
+    marian_interop.import_marian(tmp_path / "exported", tmp_path / "again")
+    again, again_vocab, _ = marian_interop.load_model(tmp_path / "again")
     assert again.config == model.config
     assert again_vocab.model_proto == vocab.model_proto
     mine, theirs = model.state_dict(), again.state_dict()
@@ -245,8 +246,8 @@ def test_ctranslate2_int8_export_leaves_the_models_weights_as_they_were(imported
 @pytest.fixture(scope="module")
 def exported(tiny_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("exported")
-    model, vocab, _ = marian.load_model(tiny_run.run_dir)
-    marian.export_marian(model, vocab, out / "hf", src_lang="en", tgt_lang="de")
+    model, vocab, _ = marian_interop.load_model(tiny_run.run_dir)
+    marian_interop.export_marian(model, vocab, out / "hf", src_lang="en", tgt_lang="de")
     ct2_export.export_ctranslate2(model, vocab, out / "ct2")
     ct2_export.export_ctranslate2(model, vocab, out / "ct2-int8", quantization="int8")
     source, reference = tiny_run.files("test")
@@ -315,8 +316,8 @@ def test_export_int8_ctranslate2_is_within_one_bleu(exported, one_torch_thread):
 @pytest.mark.slow
 def test_round_trip_of_a_trained_model_reproduces_its_weights(exported, tmp_path):
     out, _, _, translator = exported
-    marian.import_marian(out / "hf", tmp_path / "run")
-    again, again_vocab, _ = marian.load_model(tmp_path / "run")
+    marian_interop.import_marian(out / "hf", tmp_path / "run")
+    again, again_vocab, _ = marian_interop.load_model(tmp_path / "run")
     assert again.config == translator.model.config
     mine, theirs = translator.model.state_dict(), again.state_dict()
     assert all(torch.equal(mine[name], theirs[name]) for name in mine) and mine.keys() == theirs.keys()
@@ -345,7 +346,7 @@ def test_cli_refuses_what_it_cannot_represent_in_one_line(tmp_path, spm_models, 
     bart.mkdir()
     (bart / "config.json").write_text(json.dumps({"model_type": "bart"}))
     good = write_marian(tmp_path / "good", spm_models, activation="relu", separate_spm=False)
-    state = ckpt.load(marian.import_marian(good, tmp_path / "run")[0])
+    state = ckpt.load(marian_interop.import_marian(good, tmp_path / "run")[0])
     pre_norm = TransformerConfig(**{**state["model_config"], "norm_first": True})
     ckpt.save({**state, "model_config": dataclasses.asdict(pre_norm), "model": Transformer(pre_norm).state_dict()},
               tmp_path / "pre.pt")
@@ -378,7 +379,7 @@ def test_finetune_an_imported_model_then_translate_it(tmp_path, spm_models, one_
     from transformer import checkpoint as ckpt
 
     marian = write_marian(tmp_path / "marian", spm_models, activation="swish", separate_spm=True, share=False)
-    imported_path, config = marian.import_marian(marian, tmp_path / "imported", src_lang="en", tgt_lang="de")
+    imported_path, config = marian_interop.import_marian(marian, tmp_path / "imported", src_lang="en", tgt_lang="de")
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for split in ("train", "valid"):
@@ -389,7 +390,7 @@ def test_finetune_an_imported_model_then_translate_it(tmp_path, spm_models, one_
         f"run_dir={run_dir}", "device=cpu", "experiment=finetune", f"init_from={tmp_path / 'imported'}",
         "data.dataset=null", f"data.train_prefix={corpus / 'train'}", f"data.valid_prefix={corpus / 'valid'}",
         "data.src_lang=en", "data.tgt_lang=de", "data.num_workers=1", "data.max_len_ratio=null",
-        *marian.train_overrides(config).split(),
+        *marian_interop.train_overrides(config).split(),
         "train.max_steps=3", "train.max_tokens=400", "train.tokens_per_update=400", "train.warmup_steps=2",
         "train.save_every_steps=3", "train.valid_every_steps=3", "train.valid_bleu_lines=0", "train.best_metric=loss",
         "train.keep_last=1", "train.average_last=1", "train.log_every_steps=1", "train.save_every_minutes=0",
