@@ -63,7 +63,7 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest, started: float) -
         if outcome is StepOutcome.OVERFLOW:
             continue
         if step % t.log_every_steps == 0:
-            log_window(window, step=step, max_steps=t.max_steps, writer=run.writer)
+            log_window(window, step=step, train=t, spent=run.budget.spent(), writer=run.writer)
         reason = stop_reason(run)
         if step % t.valid_every_steps == 0 or reason is not None:
             validate(run)

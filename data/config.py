@@ -65,6 +65,7 @@ class DataConfig:
     valid_prefix: Optional[str] = path_field(READ_PREFIX)
     test_prefix: Optional[str] = path_field(READ_PREFIX)
     generate: Optional[str] = None  # `synthetic`: write the quickstart's generated corpus to the prefixes
+    lowercase: bool = False  # a vocabulary that folds case (SentencePiece's nmt_nfkc_cf): the model reads and writes lowercase
     vocab_sample: int = 2_000_000  # sentences sampled (both sides) to train the vocabulary
     max_len: Optional[int] = 250  # training pairs with more whitespace words on a side are dropped
     max_len_ratio: Optional[float] = 1.5  # ... or whose word-length ratio exceeds this

@@ -252,12 +252,14 @@ def _resolve_vocab(settings: DataConfig, run_dir: Path, given: Vocab | None, *, 
         source, vocab = "the given vocabulary", given
     elif settings.spm_model:
         source, vocab = f"data.spm_model={settings.spm_model}", load_vocab(Path(settings.spm_model).expanduser())
+        _check_case(vocab, settings, source)
         if settings.vocab_size is not None and settings.vocab_size != vocab.size:
             log(f"data: data.vocab_size={settings.vocab_size} is ignored: data.spm_model has {vocab.size} pieces")
     elif stored is not None:
         if settings.vocab_size is not None and stored.size != settings.vocab_size:
             raise DataError(f"{path} has {stored.size} pieces but data.vocab_size={settings.vocab_size}; a stored "
                             f"vocabulary is never retrained: use a new run_dir or set data.vocab_size={stored.size}")
+        _check_case(stored, settings, str(path))
         log(f"data: vocabulary: {path} ({stored.size} pieces)")
         return stored, path
     else:
@@ -273,7 +275,7 @@ def _resolve_vocab(settings: DataConfig, run_dir: Path, given: Vocab | None, *, 
             f"(sampled from {len(train)} pairs, both sides){reserved}")
         start = time.monotonic()
         vocab = train_vocab(sentences, path, settings.vocab_size, num_threads=settings.num_workers, total=total,
-                            reserved=settings.tags)
+                            reserved=settings.tags, lowercase=settings.lowercase)
         log(f"data: vocabulary: {path} ({vocab.size} pieces, {time.monotonic() - start:.1f} s)")
         return vocab, path
     if stored is not None and stored.sha256 != vocab.sha256:
@@ -282,6 +284,15 @@ def _resolve_vocab(settings: DataConfig, run_dir: Path, given: Vocab | None, *, 
         vocab.save(path)
     log(f"data: vocabulary: {source} ({vocab.size} pieces), stored as {path}")
     return vocab, path
+
+
+def _check_case(vocab: Vocab, settings: DataConfig, source: str) -> None:
+    """A vocabulary chosen by file (data.spm_model, run_dir's) folds case exactly when data.lowercase says so.
+    (A checkpoint's, with data.vocab=keep, is the model's own and is taken as it is.)"""
+    if getattr(vocab, "lowercases", False) != settings.lowercase:
+        raise DataError(f"{source} {'folds' if settings.lowercase is False else 'keeps'} case but data.lowercase="
+                        f"{str(settings.lowercase).lower()}: set data.lowercase={str(not settings.lowercase).lower()} "
+                        "or use a vocabulary trained for it")
 
 
 # ------------------------------------------------------------------------------------------ encoded splits

@@ -98,6 +98,12 @@ class Vocab:
         never produces, would show as " ⁇ ")."""
         return self._sp.decode([[int(i) for i in seq] for seq in ids])
 
+    @property
+    def lowercases(self) -> bool:
+        """Whether the model's normalisation folds case (trained with data.lowercase=true): it reads "A" as "a"
+        and so only ever writes lowercase."""
+        return self.normalize(["ÄB"]) == ["äb"]
+
     def normalize(self, texts: list[str]) -> list[str]:
         """The text that `decode(encode(x))` gives back: x after SentencePiece's normalisation."""
         return [self._sp.normalize(t).replace(_SPACE, " ").strip(" ") for t in texts]
@@ -232,6 +238,12 @@ class MarianVocab:
             out.append(self._target.decode_pieces(pieces).replace(_SPACE, " ").strip())
         return out
 
+    @property
+    def lowercases(self) -> bool:
+        """Whether the model's normalisation folds case (trained with data.lowercase=true): it reads "A" as "a"
+        and so only ever writes lowercase."""
+        return self.normalize(["ÄB"]) == ["äb"]
+
     def normalize(self, texts: list[str]) -> list[str]:
         return [self._target.normalize(t).replace(_SPACE, " ").strip(" ") for t in texts]
 
@@ -275,12 +287,15 @@ def train_vocab(
     num_threads: int = 1,
     total: int | None = None,
     reserved: Sequence[str] = (),
+    lowercase: bool = False,
 ) -> Vocab:
     """Train a BPE model on `texts` (already sampled: all of them are used) and save it to `path`.
 
     The caller bounds the sample (`data.vocab_sample`); SentencePiece keeps the sentences in memory.
     `total` only sizes the progress bar. `reserved`: pieces kept whole wherever they appear (SentencePiece's
-    user-defined symbols), e.g. the tag of tagged back-translation.
+    user-defined symbols), e.g. the tag of tagged back-translation. `lowercase`: SentencePiece's own
+    case-folding normalisation (nmt_nfkc_cf): the model lowercases what it encodes, so a translation model on it
+    reads any case and writes lowercase.
     """
     model = io.BytesIO()
     read_all = threading.Event()
@@ -303,7 +318,7 @@ def train_vocab(
                 unk_id=UNK_ID,
                 bos_id=BOS_ID,
                 eos_id=EOS_ID,
-                normalization_rule_name="nmt_nfkc",
+                normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
                 input_sentence_size=0,  # the caller samples; 0 = use every sentence given
                 user_defined_symbols=list(reserved),
                 num_threads=max(1, num_threads),

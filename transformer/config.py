@@ -39,7 +39,11 @@ class ModelConfig:
     d_ff: int = 2048
     encoder_layers: int = 6
     decoder_layers: int = 6
-    dropout: float = 0.1
+    dropout: float = 0.1  # §5.4: on each sublayer's output and on the embeddings + positions
+    # Dropouts the paper has not (0 = off), which small-data recipes use (fairseq's --attention-dropout and
+    # --activation-dropout): on the attention weights, and on the feed-forward's hidden activation.
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
     norm_first: bool = False  # False: the paper's post-norm. True: pre-norm, a later variant.
     # Variants that Marian / OPUS-MT checkpoints use (transformer/interop/marian.py imports them); off = the paper.
     activation: str = "relu"  # the feed-forward's nonlinearity: relu (§3.3) | gelu | swish
@@ -59,8 +63,10 @@ class ModelConfig:
                     f"model.{name}={value!r} is invalid: set it to a positive integer")
         require(self.d_model % self.heads == 0, f"model.d_model={self.d_model} is not divisible by "
                                                  f"model.heads={self.heads}: choose d_model a multiple of heads")
-        require(isinstance(self.dropout, (int, float)) and not isinstance(self.dropout, bool) and 0 <= self.dropout < 1,
-                f"model.dropout={self.dropout!r} is invalid: choose a probability in [0, 1)")
+        for name in DROPOUTS:
+            value = getattr(self, name)
+            require(isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1,
+                    f"model.{name}={value!r} is invalid: choose a probability in [0, 1)")
         for name in ("norm_first", "attention_bias", "scale_embedding", "logits_bias", "shared_embeddings"):
             require(isinstance(getattr(self, name), bool),
                     f"model.{name}={getattr(self, name)!r} is invalid: set it to true or false")
@@ -96,8 +102,9 @@ def model_config_with_defaults(saved: dict) -> dict:
 
 
 # Keys whose change makes a saved run a different model: resuming or fine-tuning with other values is an
-# error. Every architecture field; dropout is a training choice.
-ARCH_KEYS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "dropout")
+# error. Every architecture field; the dropouts are training choices.
+DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")
+ARCH_KEYS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not in DROPOUTS)
 # The data.* keys whose change makes a saved run a different run (compared on resume with ARCH_KEYS).
 DATA_KEYS = ("src_lang", "tgt_lang", "vocab_size", "spm_model", "dataset", "subset", "revision", "train_prefix",
              "valid_prefix", "test_prefix", "train_split", "valid_split", "test_split", "max_len", "max_len_ratio",
@@ -148,6 +155,7 @@ class TrainConfig:
     lr_scale: float = 1.0
     warmup_steps: int = 4000
     label_smoothing: float = 0.1
+    weight_decay: float = 0.0  # decoupled (AdamW, fairseq's --weight-decay) on every parameter; 0 = the paper
     freeze: list[str] = field(default_factory=list)  # parts kept fixed: encoder | decoder | embeddings
     train_top_layers: Optional[int] = None  # k: train only the top k layers of each stack; null: all
     clip_norm: float = 0.0  # 0: no clipping, as the paper
@@ -181,6 +189,7 @@ class TrainConfig:
             at_least(f"train.{key}", getattr(self, key), 0)
         require(self.lr_scale > 0, f"train.lr_scale={self.lr_scale} must be positive")
         require(0 <= self.label_smoothing < 1, f"train.label_smoothing={self.label_smoothing} must be in [0, 1)")
+        require(0 <= self.weight_decay < 1, f"train.weight_decay={self.weight_decay} must be in [0, 1) (e.g. 0.0001)")
         one_of("train.precision", self.precision, ("auto", "fp32", "bf16", "fp16"))
         one_of("train.best_metric", self.best_metric, ("bleu", "loss", "nll"))
         require(self.best_metric != "bleu" or self.valid_bleu_lines > 0,

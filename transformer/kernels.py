@@ -331,8 +331,8 @@ class Linear(nn.Linear):
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
-                                 is_causal: bool = False) -> Tensor:
-    """F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal) without dropout, scale 1/sqrt(Dk).
+                                 is_causal: bool = False, dropout_p: float = 0.0) -> Tensor:
+    """F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal), scale 1/sqrt(Dk).
 
     q: [.., Tq, Dk], k: [.., Tk, Dk], v: [.., Tk, Dv] -> [.., Tq, Dv]; Dv may differ from Dk (Table 3 row
     (B)), and the scale is read from q, as torch's kernels read it. On CPU it is computed as
@@ -346,7 +346,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
     Unlike torch's kernels, a query row with no key allowed gives NaN (`attention` never builds one).
     """
     if q.device.type != "cpu":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
     if is_causal and attn_mask is not None:
         raise ValueError("pass either attn_mask or is_causal=True, as F.scaled_dot_product_attention wants")
     score_dtype = torch.promote_types(q.dtype, torch.float32)
@@ -359,7 +359,10 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
         attn_mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril()
     if attn_mask is not None:
         scores = scores.masked_fill(~attn_mask, float("-inf"))
-    return torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)  # [.., Tq, Dv]
+    weights = scores.softmax(dim=-1)
+    if dropout_p:  # as torch's kernels: weights dropped and the rest scaled by 1 / (1 - p)
+        weights = F.dropout(weights, p=dropout_p)
+    return torch.matmul(weights.to(v.dtype), v)  # [.., Tq, Dv]
 
 
 def keep_freed_memory() -> bool:

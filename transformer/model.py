@@ -325,9 +325,10 @@ class EncoderLayer(ResidualLayer):
         super().__init__(config)
         d = config.d_model
         self.self_attn = SelfAttention(d_model=d, heads=config.heads, d_k=config.key_width,
-                                       bias=config.attention_bias)
+                                       bias=config.attention_bias, dropout=config.attention_dropout)
         self.self_attn_norm = nn.LayerNorm(d)
-        self.ffn = FeedForward(d_model=d, d_ff=config.d_ff, activation=config.activation)
+        self.ffn = FeedForward(d_model=d, d_ff=config.d_ff, activation=config.activation,
+                               dropout=config.activation_dropout)
         self.ffn_norm = nn.LayerNorm(d)
 
     def forward(self, x: Tensor, src_mask: Tensor | None) -> Tensor:
@@ -372,12 +373,13 @@ class DecoderLayer(ResidualLayer):
         super().__init__(config)
         d = config.d_model
         self.self_attn = SelfAttention(d_model=d, heads=config.heads, d_k=config.key_width,
-                                       bias=config.attention_bias)
+                                       bias=config.attention_bias, dropout=config.attention_dropout)
         self.self_attn_norm = nn.LayerNorm(d)
         self.cross_attn = CrossAttention(d_model=d, heads=config.heads, d_k=config.key_width,
-                                         bias=config.attention_bias)
+                                         bias=config.attention_bias, dropout=config.attention_dropout)
         self.cross_attn_norm = nn.LayerNorm(d)
-        self.ffn = FeedForward(d_model=d, d_ff=config.d_ff, activation=config.activation)
+        self.ffn = FeedForward(d_model=d, d_ff=config.d_ff, activation=config.activation,
+                               dropout=config.activation_dropout)
         self.ffn_norm = nn.LayerNorm(d)
 
     def forward(self, x: Tensor, *, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor | None,
@@ -399,7 +401,8 @@ class DecoderLayer(ResidualLayer):
 # §3.2 Attention
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, *, key_mask: Tensor | None = None, causal: bool = False) -> Tensor:
+def attention(q: Tensor, k: Tensor, v: Tensor, *, key_mask: Tensor | None = None, causal: bool = False,
+              dropout: float = 0.0) -> Tensor:
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (§3.2.1), every head at once.
 
     q: [B, H, Tq, Dk]; k: [B, H, Tk, Dk]; v: [B, H, Tk, Dv] -> [B, H, Tq, Dv]. The scale is 1/sqrt(Dk), the
@@ -409,8 +412,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, key_mask: Tensor | None = None
     position (§3.2.3: "prevent leftward information flow"); with Tq = Tk that is the usual triangle.
 
     The one place where masks become the kernel's: `F.scaled_dot_product_attention` reads a boolean
-    `attn_mask` as True = may attend, our convention, so only shapes change here. No dropout on the
-    attention weights: §5.4 applies dropout to sublayer outputs and embeddings only.
+    `attn_mask` as True = may attend, our convention, so only shapes change here. `dropout`: the probability
+    of dropping an attention weight (`model.attention_dropout` while training; not in the paper, whose §5.4
+    drops sublayer outputs and embeddings only: 0).
     The kernel is `transformer.kernels.scaled_dot_product_attention` (the same maths, faster on CPU).
     """
     tq, tk = q.shape[-2], k.shape[-2]
@@ -422,7 +426,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, key_mask: Tensor | None = None
         else:
             seen = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(diagonal=tk - tq)  # [Tq, Tk]
             may_attend = seen if may_attend is None else may_attend & seen  # [B, 1, Tq, Tk]
-    return scaled_dot_product_attention(q, k, v, attn_mask=may_attend, is_causal=kernel_causal)
+    return scaled_dot_product_attention(q, k, v, attn_mask=may_attend, is_causal=kernel_causal, dropout_p=dropout)
 
 
 def split_heads(x: Tensor, heads: int) -> Tensor:
@@ -442,12 +446,14 @@ class SelfAttention(nn.Module):
 
     W^Q, W^K ([H*Dk, D] each) and W^V ([D, D]) of all heads are one fused bias-free projection; W^O is
     bias-free too. `d_k` (None: D / H) is the width of each head's queries and keys; values stay D / H wide.
-    With `bias` (Marian's variant) each projection has a bias, initialised to zero.
+    With `bias` (Marian's variant) each projection has a bias, initialised to zero. `dropout`: on the
+    attention weights while training (`model.attention_dropout`; 0 = the paper).
     """
 
-    def __init__(self, *, d_model: int, heads: int, d_k: int | None = None, bias: bool = False):
+    def __init__(self, *, d_model: int, heads: int, d_k: int | None = None, bias: bool = False,
+                 dropout: float = 0.0):
         super().__init__()
-        self.heads = heads
+        self.heads, self.dropout = heads, dropout
         self.widths = [heads * (d_k or d_model // heads)] * 2 + [d_model]  # rows of W^Q, W^K, W^V
         self.in_proj = Linear(d_model, sum(self.widths), bias=bias)
         self.out_proj = Linear(d_model, d_model, bias=bias)  # W^O
@@ -465,7 +471,8 @@ class SelfAttention(nn.Module):
         """
         q, k, v = (split_heads(y, self.heads) for y in self.in_proj(x).split(self.widths, dim=-1))  # [B, H, T, Dk|Dv]
         if past is None:
-            return self.out_proj(merge_heads(attention(q, k, v, key_mask=key_mask, causal=causal))), None
+            out = attention(q, k, v, key_mask=key_mask, causal=causal, dropout=self.dropout if self.training else 0.0)
+            return self.out_proj(merge_heads(out)), None
         k = append_positions(past.k, past.rows, k.permute(2, 0, 1, 3))  # [L, B, H, Dk]
         v = append_positions(past.v, past.rows, v.permute(2, 0, 1, 3))  # [L, B, H, Dv]
         out = attention(q, k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3), key_mask=key_mask, causal=causal)
@@ -475,12 +482,13 @@ class SelfAttention(nn.Module):
 class CrossAttention(nn.Module):
     """Encoder-decoder attention (§3.2.3): queries from the decoder, keys and values from the encoder
     output ("memory"). Bias-free projections: W^Q [H*Dk, D], W^K [H*Dk, D] and W^V [D, D] fused, W^O [D, D];
-    with `bias` (Marian's variant) each has a bias, initialised to zero. `d_k` as in `SelfAttention`.
+    with `bias` (Marian's variant) each has a bias, initialised to zero. `d_k` and `dropout` as in `SelfAttention`.
     """
 
-    def __init__(self, *, d_model: int, heads: int, d_k: int | None = None, bias: bool = False):
+    def __init__(self, *, d_model: int, heads: int, d_k: int | None = None, bias: bool = False,
+                 dropout: float = 0.0):
         super().__init__()
-        self.heads = heads
+        self.heads, self.dropout = heads, dropout
         self.widths = [heads * (d_k or d_model // heads), d_model]  # rows of W^K, W^V
         self.q_proj = Linear(d_model, self.widths[0], bias=bias)  # W^Q
         self.kv_proj = Linear(d_model, sum(self.widths), bias=bias)
@@ -508,7 +516,7 @@ class CrossAttention(nn.Module):
         b, (rows, t, d) = memory_kv[0].shape[0], x.shape
         q = split_heads(self.q_proj(x).view(b, rows // b * t, -1), self.heads)  # [B, H, K*T, Dk]
         k, v = memory_kv
-        out = attention(q, k, v, key_mask=src_mask)  # [B, H, K*T, Dv]
+        out = attention(q, k, v, key_mask=src_mask, dropout=self.dropout if self.training else 0.0)  # [B, H, K*T, Dv]
         return self.out_proj(merge_heads(out).view(rows, t, d))
 
     def weights(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor | None) -> Tensor:
@@ -542,10 +550,12 @@ ACTIVATION_FUNCTIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}  # gelu
 
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (§3.3); `activation` replaces max(0, .) by GELU or swish
-    (Marian's variants). No dropout inside: §5.4 drops sublayer outputs."""
+    (Marian's variants). `dropout` on the hidden activation (`model.activation_dropout`; 0 = the paper, whose
+    §5.4 drops sublayer outputs only)."""
 
-    def __init__(self, *, d_model: int, d_ff: int, activation: str = "relu"):
+    def __init__(self, *, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0):
         super().__init__()
+        self.dropout = nn.Dropout(dropout) if dropout else nn.Identity()
         self.w1 = Linear(d_model, d_ff)
         self.w2 = Linear(d_ff, d_model)
         self.activation = ACTIVATION_FUNCTIONS[activation]
@@ -554,7 +564,7 @@ class FeedForward(nn.Module):
             nn.init.zeros_(layer.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(self.activation(self.w1(x)))  # [B, T, D] -> [B, T, F] -> [B, T, D]
+        return self.w2(self.dropout(self.activation(self.w1(x))))  # [B, T, D] -> [B, T, F] -> [B, T, D]
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -69,7 +69,8 @@ def test_the_default_is_the_base_model_and_the_quickstart_uses_model_tiny():
 
 
 def test_the_architecture_keys_are_the_model_dataclass_fields():
-    assert set(ARCH_KEYS) == {f.name for f in dataclasses.fields(ModelConfig)} - {"dropout"}
+    assert set(ARCH_KEYS) == {f.name for f in dataclasses.fields(ModelConfig)} - {"dropout", "attention_dropout",
+                                                                                 "activation_dropout"}
 
 
 @pytest.mark.parametrize(("override", "message"), [

@@ -436,9 +436,9 @@ def kernel_masks(monkeypatch) -> list[tuple[bool, bool]]:
     """(given a mask, is_causal) of every call of the attention kernel from here on."""
     calls, kernel = [], model_module.scaled_dot_product_attention
 
-    def spy(q, k, v, attn_mask=None, is_causal=False):
+    def spy(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0):
         calls.append((attn_mask is not None, is_causal))
-        return kernel(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+        return kernel(q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p)
 
     monkeypatch.setattr(model_module, "scaled_dot_product_attention", spy)
     return calls

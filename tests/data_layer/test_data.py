@@ -204,6 +204,25 @@ def test_user_spm_model_is_used_and_stored(small_corpus, vocab, tmp_path):
     assert out.vocab.sha256 == vocab.sha256 == Vocab.load(tmp_path / "run" / "spm.model").sha256
 
 
+def test_a_lowercase_vocabulary_folds_case_and_a_stored_one_must_match_data_lowercase(small_corpus, vocab, tmp_path):
+    """data.lowercase=true trains a vocabulary whose own normalisation folds case (the model reads any case and
+    writes lowercase; Multi30k's lcBLEU is scored on lowercased text); a stored or given vocabulary of the other
+    kind is a one-line error, not a silent mix."""
+    cfg = data_cfg(train_prefix=str(small_corpus / "train"), valid_prefix=str(small_corpus / "valid"), lowercase=True)
+    out = prepare(cfg, tmp_path / "run", splits=("train", "valid"), seed=1, log=lambda m: None)
+    assert out.vocab.lowercases and not vocab.lowercases
+    assert out.vocab.encode(["Der Hund läuft ÜBER die Wiese"]) == out.vocab.encode(["der hund läuft über die wiese"])
+    assert out.vocab.decode(out.valid.dataset["tgt_ids"][:20]) == [t.lower() for t in out.valid.dataset["tgt"][:20]]
+    with pytest.raises(DataError, match="data.lowercase=false") as error:
+        prepare(data_cfg(train_prefix=str(small_corpus / "train")), tmp_path / "run", splits=("train",), seed=1,
+                log=lambda m: None)
+    assert "folds case" in one_line(error)
+    vocab.save(tmp_path / "cased.model")
+    with pytest.raises(DataError, match="keeps case but data.lowercase=true"):
+        prepare(data_cfg(train_prefix=str(small_corpus / "train"), spm_model=str(tmp_path / "cased.model"),
+                         lowercase=True), tmp_path / "other", splits=("train",), seed=1, log=lambda m: None)
+
+
 def test_changed_corpus_is_encoded_again(tmp_path):
     prefix = write_pair(tmp_path / "c", [f"sentence number {i}" for i in range(400)],
                         [f"Satz Nummer {i}" for i in range(400)])

@@ -4,6 +4,7 @@ two-rank run that ends inside its budget is tests/training/test_multirank.py's; 
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -130,3 +131,29 @@ def test_the_test_translation_that_would_overrun_max_time_is_skipped_and_said(co
     assert "no test BLEU: the test translation would overrun train.max_time=3600s" in err, err[-2000:]
     assert not (tmp_path / "run" / "eval" / "test").exists()
     assert ckpt.averaged_path(tmp_path / "run").is_file()
+
+
+def progress_etas(text: str) -> list[tuple[int, int, str]]:
+    """(update, eta in seconds, the limit named) of each progress line in a train.py log."""
+    found = re.findall(r"update (\d+) \|.*\| eta (\d+):(\d\d):(\d\d) \((\S+?)[)=]", text)
+    return [(int(u), int(h) * 3600 + int(m) * 60 + int(s), limit) for u, h, m, s, limit in found]
+
+
+def test_the_progress_line_eta_counts_down_max_time_when_it_ends_the_run_first(corpus, tmp_path, monkeypatch,
+                                                                                  capfd):
+    """On a clock where an update costs 10 s (and validations and saves nothing), a max_time=100 run with
+    max_steps far away logs after update n an ETA of max_time minus what it spent, 100 − 10·n seconds, and
+    names max_time; a run whose max_steps comes first names max_steps and counts the updates left."""
+    clock = FakeClock(update=10.0, validation=0.0, save=0.0)
+    run_on_fake_clock(clock, monkeypatch.setattr)
+    changes = {"train.max_steps": 100000, "train.max_time": 100, "train.log_every_steps": 1,
+               "train.save_every_steps": 1000, "train.valid_every_steps": 1000}
+    run(corpus, tmp_path / "by_time", changes)
+    log = capfd.readouterr().err
+    etas = progress_etas(log)
+    assert len(etas) >= 5 and "the run ends at the first of max_steps=100000, max_time=100s" in log
+    assert all(limit == "max_time" and eta == 100 - 10 * update for update, eta, limit in etas), etas
+
+    run(corpus, tmp_path / "by_steps", {**changes, "train.max_steps": 4, "train.max_time": 1000})
+    assert progress_etas(capfd.readouterr().err) == [
+        (1, 30, "max_steps"), (2, 20, "max_steps"), (3, 10, "max_steps"), (4, 0, "max_steps")]

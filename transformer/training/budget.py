@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -67,6 +68,20 @@ def out_of_time(train, step: int, clock) -> str | None:
     if another_update_fits(left, clock.costs, now=now):
         return None
     return f"max_time={train.max_time:g}s (wall clock; {max(left, 0):.0f}s left)"
+
+
+def time_to_end(train, step: int, *, seconds_per_update: float, spent: float) -> tuple[float, str]:
+    """The progress line's ETA after update `step`: the seconds until the first of train.max_steps (at
+    `seconds_per_update`) and train.max_time (`spent` of it on the wall clock: the run ends inside it) ends the
+    run, and which of them that is. (nan, "max_epochs") or (nan, "no limit") where neither is set."""
+    ends = []
+    if train.max_steps:
+        ends.append((max(train.max_steps - step, 0) * seconds_per_update, f"max_steps={train.max_steps}"))
+    if train.max_time:
+        ends.append((max(train.max_time - spent, 0.0), f"max_time={train.max_time:g}s"))
+    if not ends:
+        return math.nan, "max_epochs" if train.max_epochs else "no limit"
+    return min(ends, key=lambda end: end[0])
 
 
 @dataclass

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from data.vocab import MarianVocab, Vocab, load_vocab
 from transformer import checkpoint as ckpt
 from transformer.checkpoint import CheckpointError
-from transformer.config import ARCH_KEYS, ConfigError, TrainJob
+from transformer.config import ARCH_KEYS, DROPOUTS, ConfigError, TrainJob
 from transformer.model import Transformer
 
 EMBEDDING = "embedding.weight"  # the shared source/target/output matrix [V, D]
@@ -76,7 +76,7 @@ def explicit_model_keys(overrides: Sequence[str]) -> set[str]:
     for override in overrides:
         key = override.lstrip("+~").split("=", 1)[0]
         if key == "model":
-            keys.update((*ARCH_KEYS, "dropout"))
+            keys.update((*ARCH_KEYS, *DROPOUTS))
         elif key.startswith("model."):
             keys.add(key.removeprefix("model."))
     return keys
@@ -95,7 +95,7 @@ def adopt_architecture(job: TrainJob, overrides: Sequence[str]) -> TrainJob:
     if not isinstance(saved, dict):
         return job
     explicit = explicit_model_keys(overrides)
-    taken = {k: saved[k] for k in (*ARCH_KEYS, "dropout") if k in saved and k not in explicit}
+    taken = {k: saved[k] for k in (*ARCH_KEYS, *DROPOUTS) if k in saved and k not in explicit}
     model = dataclasses.replace(job.model, **taken)
     if model != job.model:
         log.info("model: the architecture of init_from=%s (%s)", job.init_from,

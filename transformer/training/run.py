@@ -29,7 +29,7 @@ from transformer.training import finetune
 from transformer.training.agreement import Clock, start_fingerprint
 from transformer.training.budget import Budget, out_of_time
 from transformer.training.run_record import EventWriter
-from transformer.training.schedule import make_optimizer, make_scheduler
+from transformer.training.schedule import make_optimizer, make_scheduler, set_weight_decay
 from transformer.training.start import Start, plan_update
 
 log = logging.getLogger("train")
@@ -207,7 +207,7 @@ def build_run(job: TrainJob, *, dist: distributed.DistInfo, device: torch.device
     model = Transformer(TransformerConfig(**data.vocab.token_config(), **dataclasses.asdict(job.model))).to(device)
     optimizer = make_optimizer(finetune.set_up(
         model, start.init, init_from=job.init_from, vocab_mode=job.data.vocab, vocab=data.vocab,
-        freeze_parts=t.freeze, train_top_layers=t.train_top_layers))
+        freeze_parts=t.freeze, train_top_layers=t.train_top_layers), weight_decay=t.weight_decay)
     scheduler = make_scheduler(optimizer, d_model=job.model.d_model, warmup_steps=t.warmup_steps, lr_scale=t.lr_scale)
     precision = resolve_precision(t.precision, device)
     autocast, scaler = mixed_precision(precision, device)
@@ -218,6 +218,7 @@ def build_run(job: TrainJob, *, dist: distributed.DistInfo, device: torch.device
                                    scheduler=scheduler, scaler=scaler, stream=stream)
         state = dataclasses.replace(saved, world_size=dist.world_size, update_freq=plan.update_freq,
                                     max_tokens=plan.max_tokens, device=device.type)
+        set_weight_decay(optimizer, t.weight_decay)
     distributed.check_same_start(start_fingerprint(job, model, optimizer, scaler, state, stream, data.vocab),
                                  device=device)
     train_model = model
@@ -231,6 +232,8 @@ def build_run(job: TrainJob, *, dist: distributed.DistInfo, device: torch.device
              "(train.tokens_per_update=%d); device %s, %s", model.config,
              sum(p.numel() for p in model.parameters()) / 1e6, dist.world_size, plan.update_freq, plan.max_tokens,
              plan.tokens, t.tokens_per_update, device, f"{precision}{' (auto)' if t.precision == 'auto' else ''}")
+    log.info("the run ends at the first of %s; the progress line's eta names the one that will",
+             ", ".join(run_limits(t)) or "none: set train.max_steps, max_epochs or max_time")
     model.train()
     return Run(job=job, dist=dist, device=device, run_dir=run_dir, data=data, stream=stream,
                batches=Prefetcher(data.train.tokens, device, pad_id=model.config.pad_id,
@@ -238,6 +241,13 @@ def build_run(job: TrainJob, *, dist: distributed.DistInfo, device: torch.device
                train_model=train_model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, autocast=autocast,
                state=state, writer=EventWriter(run_dir / "tensorboard") if dist.is_main else None,
                budget=Budget.resumed(state, started=started))
+
+
+def run_limits(t) -> list[str]:
+    """The stopping rules a run's `train.*` sets, as the log names them."""
+    return [limit for limit, on in ((f"max_steps={t.max_steps}", t.max_steps), (f"max_epochs={t.max_epochs}", t.max_epochs),
+                                    (f"max_time={t.max_time:g}s (wall clock, all restarts)" if t.max_time else "",
+                                     t.max_time), (f"patience={t.patience} validations", t.patience)) if on]
 
 
 def stop_reason(run: Run) -> str | None:

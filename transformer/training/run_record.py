@@ -8,6 +8,7 @@ import dataclasses
 import json
 import logging
 import math
+import resource
 import socket
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from data.files import atomic_write
 from transformer import distributed
 from transformer.config import TrainJob
 from transformer.checkpoint import TrainState
+from transformer.training.budget import time_to_end
 from transformer.evaluation.scoring import package_versions
 
 log = logging.getLogger("train")
@@ -152,22 +154,30 @@ class Window:
         return stats
 
 
-def log_window(window: Window, *, step: int, max_steps: int | None, writer: EventWriter | None) -> None:
+def log_window(window: Window, *, step: int, train, spent: float, writer: EventWriter | None) -> None:
     """The periodic log line of the window's averages (a collective: every rank calls it), and rank 0's
-    TensorBoard scalars."""
+    TensorBoard scalars. Its ETA is the first of train.max_steps and train.max_time to end the run (`spent`:
+    the wall clock of train.max_time so far), named beside it."""
     stats = window.report(lr=window.lr, gnorm=float(window.gnorm))
     seconds_per_update = stats.pop("seconds_per_update")
-    eta = (max_steps - step) * seconds_per_update if max_steps else float("nan")
+    eta, limit = time_to_end(train, step, seconds_per_update=seconds_per_update, spent=spent)
     log.info("update %d | lr %.3g | loss %.3f | nll %.3f | ppl %.2f | gnorm %.3f | %.0f tgt tok/s | "
-             "%.0f tgt tok/update | eta %s", step, stats["lr"], stats["loss"], stats["nll"], stats["ppl"],
-             stats["gnorm"], stats["tokens_per_s"], stats["tokens_per_update"], format_seconds(eta))
+             "%.0f tgt tok/update | eta %s (%s)", step, stats["lr"], stats["loss"], stats["nll"], stats["ppl"],
+             stats["gnorm"], stats["tokens_per_s"], stats["tokens_per_update"], format_seconds(eta), limit)
     for key, value in stats.items() if writer else ():
         writer.add_scalar(f"train/{key}", value, step)
 
 
+def peak_resident_mib() -> float:
+    """The most resident memory this process has held since it started (the kernel's high-water mark), in MiB."""
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return kib / 2**20 if sys.platform == "darwin" else kib / 1024
+
 
 def print_summary(job, argv: list[str]) -> None:
-    """Where everything of a finished run is, and what to try next (stderr)."""
+    """The run's peak resident memory (the log), where everything of a finished run is, and what to try next
+    (stderr)."""
+    log.info("peak resident memory %.0f MiB (this process)", peak_resident_mib())
     run_dir = Path(job.run_dir)
     test_prefix, d = job.data.test_prefix, job.data
     test_src, test_ref = ((f"{test_prefix}.{d.src_lang}", f"{test_prefix}.{d.tgt_lang}") if test_prefix

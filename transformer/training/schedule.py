@@ -36,20 +36,32 @@ def noam_lambda(*, d_model: int, warmup_steps: int, lr_scale: float) -> Callable
     return lr_at
 
 
-def make_optimizer(params: Iterable[torch.nn.Parameter], *, fused: bool = True) -> torch.optim.Adam:
+def make_optimizer(params: Iterable[torch.nn.Parameter], *, fused: bool = True,
+                   weight_decay: float = 0.0) -> torch.optim.Adam:
     """Adam(0.9, 0.98, eps=1e-9) with base lr 1.0 (the schedule supplies the lr).
+
+    weight_decay (`train.weight_decay`; 0 = the paper): decoupled, as AdamW and fairseq's Adam: each update
+    also moves every parameter by -lr · weight_decay · parameter.
 
     fused=True: torch's single-kernel Adam, on CUDA and (torch >= 2.4) on CPU, where it is several times
     faster than the multi-tensor one (docs/BENCHMARKS.md, 'Notes on the CPU figures'); the multi-tensor
     (foreach) implementation where fused is unsupported, or with fused=False.
     """
     params = list(params)
+    settings = dict(lr=1.0, betas=(0.9, 0.98), eps=1e-9, weight_decay=weight_decay, decoupled_weight_decay=True)
     if fused:
         try:
-            return torch.optim.Adam(params, lr=1.0, betas=(0.9, 0.98), eps=1e-9, fused=True)
+            return torch.optim.Adam(params, **settings, fused=True)
         except RuntimeError:  # an older torch on CPU: "fused=True requires ... supported devices"
             pass
-    return torch.optim.Adam(params, lr=1.0, betas=(0.9, 0.98), eps=1e-9, foreach=True)
+    return torch.optim.Adam(params, **settings, foreach=True)
+
+
+def set_weight_decay(optimizer: torch.optim.Optimizer, weight_decay: float) -> None:
+    """The run's train.weight_decay on every parameter group, after a checkpoint's optimizer state was loaded
+    (load_state_dict restores the saved groups' settings: a resumed run takes the command line's)."""
+    for group in optimizer.param_groups:
+        group["weight_decay"], group["decoupled_weight_decay"] = weight_decay, True
 
 
 def make_scheduler(

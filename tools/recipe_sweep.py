@@ -1,0 +1,173 @@
+"""A recipe search anyone can rerun: candidate settings of a preset, each trained for the same wall-clock budget on
+the same number of threads, each judged on the validation set only. Not part of CI (it trains for hours).
+
+    python tools/recipe_sweep.py --budget 900                          # every candidate, EN→DE, 15 min each
+    python tools/recipe_sweep.py --experiment multi30k_en_fr --only tiny_lc,base --budget 1800
+    python tools/recipe_sweep.py --list                                # the candidates and their overrides
+    python tools/recipe_sweep.py --table-only                          # the table of what has finished
+
+Each candidate is `python train.py experiment=<experiment> <its overrides> train.max_time=<budget>` (with
+OMP_NUM_THREADS=<threads>, `train.max_steps` lifted so that the budget ends it, no test translation), run in
+`<out>/<candidate>/`, its log in `<out>/<candidate>.log`. Then evaluate.py decodes the validation set with the
+run's averaged.pt (the preset's decoding: beam 4, α 0.6) and scores it: cased sacreBLEU against the raw
+references, and lcBLEU (the Multi30k papers' metric) against the references put through the task's own
+preprocessing (`scoring.lc_norm_tok`, which reproduces the official `lc.norm.tok` files). The test set is never
+read. A finished candidate (its `sweep.json`) is not run again: a killed sweep continues where it stopped.
+
+The table (`<out>/sweep.md`, also `sweep.json`): candidate, overrides, updates, target tokens/s, best validation
+perplexity (and its update), validation sacreBLEU and lcBLEU of the average, peak resident memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import cpu_name  # noqa: E402  (how every figure of benchmarks/ names its CPU)
+
+# name: overrides of the experiment preset. Peak lr of the schedule = lr_scale · d_model^-0.5 · warmup^-0.5.
+# tiny: Wu et al. 2021's Transformer-Tiny (fairseq's transformer_tiny: 4+4 layers, d_model 128, FFN 256, 4 heads,
+# dropout 0.3, peak lr 5e-3 at 2k warm-up, 4096 tokens an update, a 10k joint vocabulary).
+TINY = ["model.d_model=128", "model.d_ff=256", "model.heads=4", "model.encoder_layers=4", "model.decoder_layers=4",
+        "model.dropout=0.3", "train.tokens_per_update=4096", "train.max_tokens=4096", "train.warmup_steps=2000",
+        "train.lr_scale=2.53", "data.vocab_size=10000"]
+CANDIDATES: dict[str, list[str]] = {
+    "preset": [],
+    "tiny": TINY,
+    "batch4k": ["train.tokens_per_update=4096", "train.max_tokens=4096", "train.lr_scale=1.4"],
+    "vocab5k": ["data.vocab_size=5000"],
+    "deep4": ["model.encoder_layers=4", "model.decoder_layers=4"],
+    "drop03": ["model.dropout=0.3"],
+    "ls02": ["train.label_smoothing=0.2"],
+    "avg10": ["train.keep_last=10", "train.average_last=10"],
+    # beside the paper's residual dropout, the regularisers of small-data recipes (named options, 0 = the paper)
+    "attdrop": ["model.attention_dropout=0.1", "model.activation_dropout=0.1"],
+    "wd": ["train.weight_decay=0.0001"],
+    # the Multi30k papers' lcBLEU is scored on lowercased text: a model that reads and writes lowercase
+    "lc": ["data.lowercase=true"],
+    "tiny_lc": [*TINY, "data.lowercase=true"],
+}
+
+
+def run_candidate(name: str, overrides: list[str], args: argparse.Namespace) -> dict:
+    out = args.out / name
+    log_path = args.out / f"{name}.log"
+    command = [sys.executable, str(ROOT / "train.py"), f"experiment={args.experiment}", *overrides, *args.extra,
+               f"run_dir={out}", "device=cpu", f"train.max_time={args.budget}", "train.max_steps=10000000",
+               "train.test_at_end=false", f"train.precision={args.precision}"]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+    print(f"[{time.strftime('%H:%M:%S')}] {name}: {' '.join(command[2:])}", flush=True)
+    with log_path.open("a") as log:
+        log.write("$ " + " ".join(command) + "\n")
+        log.flush()
+        subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+    row = {"candidate": name, "overrides": " ".join(overrides) or "(the preset)", **read_log(log_path)}
+    row.update(score_validation(out, args))
+    (out / "sweep.json").write_text(json.dumps(row, indent=2) + "\n")
+    return row
+
+
+def read_log(path: Path) -> dict:
+    """Updates, mean target tokens/s and the best validation perplexity from a train.py log."""
+    text = path.read_text()
+    updates = [int(m) for m in re.findall(r"update (\d+) \|", text)]
+    speeds = [float(m) for m in re.findall(r"(\d+) tgt tok/s", text)]
+    valid = [(float(ppl), int(step)) for step, ppl in re.findall(r"validation at update (\d+) \|.*?ppl ([\d.]+)", text)]
+    peak = re.findall(r"peak resident memory ([\d.]+) MiB", text)
+    best = min(valid) if valid else (float("nan"), 0)
+    return {"updates": max(updates, default=0), "tok_per_s": round(sum(speeds) / len(speeds)) if speeds else 0,
+            "best_valid_ppl": round(best[0], 2), "best_at": best[1],
+            "peak_rss_mib": round(float(peak[-1])) if peak else None}
+
+
+def score_validation(run_dir: Path, args: argparse.Namespace) -> dict:
+    """evaluate.py on the validation set with the run's averaged.pt: sacreBLEU and lcBLEU."""
+    from omegaconf import OmegaConf
+
+    from transformer.evaluation.scoring import lc_norm_tok
+
+    data = OmegaConf.load(run_dir / "config.yaml").data
+    src, ref = Path(f"{data.valid_prefix}.{data.src_lang}"), Path(f"{data.valid_prefix}.{data.tgt_lang}")
+    if not src.is_absolute():
+        src, ref = ROOT / src, ROOT / ref
+    tok_ref = args.out / f"valid.lc.norm.tok.{data.tgt_lang}"
+    if not tok_ref.exists():
+        lines = ref.read_text(encoding="utf-8").splitlines()
+        tok_ref.write_text("".join(line + "\n" for line in lc_norm_tok(lines, data.tgt_lang)), encoding="utf-8")
+    checkpoint = run_dir / "checkpoints" / "averaged.pt"
+    out = run_dir / "eval_valid"
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+    subprocess.run([sys.executable, str(ROOT / "evaluate.py"), f"checkpoint={checkpoint}", f"src={src}",
+                    f"ref={ref}", f"tok_ref={tok_ref}", f"out={out}", "report=false", f"table={out / 'table.md'}",
+                    "device=cpu"], cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL,
+                   stderr=open(args.out / f"{run_dir.name}.log", "a"))
+    scores = {name: s["score"] for name, s in json.loads((out / "scores.json").read_text())["scores"].items()}
+    return {"checkpoint": checkpoint.name, "valid_bleu": round(scores["BLEU"], 2),
+            "valid_lcbleu": round(scores["lcBLEU"], 2)}
+
+
+COLUMNS = [("candidate", "candidate"), ("overrides", "overrides"), ("updates", "updates"),
+           ("tok_per_s", "tgt tok/s"), ("best_valid_ppl", "best valid ppl"), ("best_at", "at update"),
+           ("valid_bleu", "valid BLEU"), ("valid_lcbleu", "valid lcBLEU"), ("peak_rss_mib", "peak RSS MiB")]
+
+
+def write_table(args: argparse.Namespace) -> str:
+    rows = [json.loads(p.read_text()) for p in sorted(args.out.glob("*/sweep.json"))]
+    rows.sort(key=lambda r: -r.get("valid_lcbleu", 0))
+    lines = [f"Recipe sweep: experiment={args.experiment}, {args.budget:.0f} s each on {args.threads} thread(s) of "
+             f"{cpu_name()}, train.precision={args.precision}; validation set only (sorted by valid lcBLEU).", "",
+             "| " + " | ".join(title for _, title in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(f"`{r[k]}`" if k == "overrides" else str(r.get(k, "")) for k, _ in COLUMNS) + " |"
+              for r in rows]
+    text = "\n".join(lines) + "\n"
+    (args.out / "sweep.md").write_text(text)
+    (args.out / "sweep.json").write_text(json.dumps(rows, indent=2) + "\n")
+    return text
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--experiment", default="multi30k_en_de")
+    parser.add_argument("--budget", type=float, default=900, help="seconds of wall clock per candidate")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--precision", default="bf16", help="fp32 where the CPU has no native bf16 (AVX2 only)")
+    parser.add_argument("--only", default="", help="comma-separated candidate names")
+    parser.add_argument("--out", type=Path, default=None, help="default: runs/sweep_<experiment>")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--table-only", action="store_true")
+    parser.add_argument("extra", nargs="*", help="overrides for every candidate (key=value)")
+    args = parser.parse_args()
+    args.out = (args.out or ROOT / "runs" / f"sweep_{args.experiment}").resolve()
+    names = [n for n in args.only.split(",") if n] or list(CANDIDATES)
+    unknown = [n for n in names if n not in CANDIDATES]
+    if unknown:
+        parser.error(f"unknown candidate(s) {', '.join(unknown)}: choose from {', '.join(CANDIDATES)}")
+    if args.list:
+        for name in names:
+            print(f"{name:12s} {' '.join(CANDIDATES[name]) or '(the preset)'}")
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.table_only:
+        for name in names:
+            if (args.out / name / "sweep.json").exists():
+                print(f"{name}: done before ({args.out / name / 'sweep.json'})")
+                continue
+            row = run_candidate(name, CANDIDATES[name], args)
+            print(json.dumps(row), flush=True)
+            write_table(args)
+    print(write_table(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
