@@ -54,7 +54,9 @@ CANDIDATES: dict[str, list[str]] = {
     "wd": ["train.weight_decay=0.0001"],
     # the Multi30k papers' lcBLEU is scored on lowercased text: a model that reads and writes lowercase
     "lc": ["data.lowercase=true"],
-    "tiny_lc": [*TINY, "data.lowercase=true"],
+    "tiny_lc": [*TINY, "data.lowercase=true", "train.keep_last=10", "train.average_last=10"],  # as published
+    "lc_drop": ["data.lowercase=true", "data.vocab_size=10000", "model.attention_dropout=0.1",
+                "model.activation_dropout=0.1"],
 }
 
 

@@ -10,9 +10,12 @@ difference in a near-zero gradient can move a weight by a whole step, in a run t
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
+import train
 from helpers import first_update_gradients, run, tensorboard_scalars
 from transformer import checkpoint as ckpt
 
@@ -64,3 +67,27 @@ def test_resume_on_cuda_continues_the_same_run(corpus, tmp_path):
     assert sorted(resumed_losses) == sorted(whole_losses) == list(range(1, 6))
     for step, expected in whole_losses.items():
         assert abs(resumed_losses[step] - expected) <= 1e-3 * abs(expected), (step, resumed_losses[step], expected)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_an_update_makes_the_host_wait_for_the_gpu_once(corpus, tmp_path, monkeypatch, precision):
+    """docs/DESIGN.md's claim, counted by torch's sync debug mode: after the first updates (which warm the
+    pinned-memory cache), each update of train.py waits for the device exactly once, at `settle`'s read.
+    (fp16 adds GradScaler.step's own read of its overflow check.)"""
+    counts, original = [], train.train_step
+
+    def counted(run_, window, stop):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                return original(run_, window, stop)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                counts.append(sum("synchroniz" in str(w.message) for w in caught))
+
+    monkeypatch.setattr(train, "train_step", counted)
+    run(corpus, tmp_path / "run", {"device": "cuda", "train.precision": precision, "train.max_steps": 8,
+                                   "train.log_every_steps": 100, "train.valid_every_steps": 100,
+                                   "train.save_every_steps": 100})
+    assert len(counts) == 8 and counts[2:] == [1] * 6, counts

@@ -73,7 +73,9 @@ def agree(tokens: int, stop_requested: bool, reading: Clock | None, *, device: t
     if reading is not None:
         values.update(train_seconds=reading.train_seconds, since_save=reading.since_save,
                       wall_seconds=reading.wall_seconds, **dataclasses.asdict(reading.costs))
-    tensor = torch.tensor([values[key] for key in AGREED], dtype=torch.float64, device=device)
+    tensor = torch.tensor([values[key] for key in AGREED], dtype=torch.float64)
+    if device.type == "cuda":  # from pinned memory, asynchronously: a pageable copy would make the host wait
+        tensor = tensor.pin_memory().to(device, non_blocking=True)  # (torch's pinned cache keeps the block until copied)
     distributed.all_reduce_sum(tensor)
     return Agreement(tensor)
 
