@@ -25,6 +25,7 @@ from transformer.cli import compose_config, hydra_app, setup_logging, to_job
 from transformer.config import TrainJob
 from transformer.kernels import keep_freed_memory
 from transformer.training.budget import process_age
+from transformer.training.distill import with_distilled_data
 from transformer.training.run import StopRequest, build_run, stop_reason, user_error
 from transformer.training.run_record import Window, log_window, write_run_record
 from transformer.training.start import prepare_data, prepared_only, resume_or_initialise, start_processes
@@ -40,6 +41,8 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest, started: float) -
     setup_logging()
     job, dist, device = start_processes(job, cfg, argv)
     run_dir = Path(job.run_dir)
+    # With distill.teacher: the teacher's translations of the training sources become the corpus (resumable).
+    job = with_distilled_data(job, run_dir, rank=dist.rank, world_size=dist.world_size, device=device)
 
     # 2. Start or resume: the checkpoint, the vocabulary, the data; then the live objects of the run.
     start = resume_or_initialise(job, run_dir)

@@ -30,17 +30,23 @@ from data.errors import DataError
 from data.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
-def batch_by_size(src_lens, tgt_lens, max_tokens: int) -> tuple[list[np.ndarray], int]:
+def padded_length(length, multiple: int = 1):
+    """A padded length (int or array) rounded up to a multiple of `multiple` (train.pad_to_multiple)."""
+    return -(-length // multiple) * multiple
+
+
+def batch_by_size(src_lens, tgt_lens, max_tokens: int, *, multiple: int = 1) -> tuple[list[np.ndarray], int]:
     """Group pair indices into batches whose padded size stays within `max_tokens`.
 
     Lengths are in pieces without specials; what gets padded is the source + EOS and the target + 1
-    (BOS + y as decoder input, y + EOS as labels). Returns (batches, number of skipped pairs). The
-    batches are in increasing size order; `BatchStream` shuffles them.
+    (BOS + y as decoder input, y + EOS as labels), each rounded up to a multiple of `multiple` (collate pads
+    to the same). Returns (batches, number of skipped pairs). The batches are in increasing size order;
+    `BatchStream` shuffles them.
     """
     if max_tokens < 2:
         raise ValueError(f"max_tokens must be >= 2, got {max_tokens}")
-    src = np.asarray(src_lens, dtype=np.int64) + 1
-    tgt = np.asarray(tgt_lens, dtype=np.int64) + 1
+    src = padded_length(np.asarray(src_lens, dtype=np.int64) + 1, multiple)
+    tgt = padded_length(np.asarray(tgt_lens, dtype=np.int64) + 1, multiple)
     if src.shape != tgt.shape or src.ndim != 1:
         raise ValueError(f"src_lens and tgt_lens must be 1-D of one length, got {src.shape} and {tgt.shape}")
     size = np.maximum(src, tgt)
@@ -70,12 +76,12 @@ class BatchStream:
     """
 
     def __init__(self, src_lens, tgt_lens, *, max_tokens: int, seed: int, world_size: int = 1, rank: int = 0,
-                 update_freq: int = 1, data: str = ""):
+                 update_freq: int = 1, data: str = "", multiple: int = 1):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
         if update_freq < 1:
             raise ValueError(f"update_freq must be >= 1, got {update_freq}")
-        batches, skipped = batch_by_size(src_lens, tgt_lens, max_tokens)
+        batches, skipped = batch_by_size(src_lens, tgt_lens, max_tokens, multiple=multiple)
         if not batches:
             raise DataError(f"no training batch: all {skipped} pairs are longer than train.max_tokens={max_tokens}")
         self.batches, self.skipped, self.data = batches, skipped, data
@@ -274,13 +280,15 @@ def _gather(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tuple[
 
 
 def collate(tokens: TokenArrays, indices, *, device: torch.device | str | None = None, pad_id: int = PAD_ID,
-            bos_id: int = BOS_ID, eos_id: int = EOS_ID) -> Batch:
-    """Pad the pairs `indices` of a split into a `Batch` (on `device`)."""
+            bos_id: int = BOS_ID, eos_id: int = EOS_ID, multiple: int = 1) -> Batch:
+    """Pad the pairs `indices` of a split into a `Batch` (on `device`); `multiple`: both lengths rounded up to
+    a multiple of it (fewer distinct shapes)."""
     rows = np.asarray(indices, dtype=np.int64)
     src_values, src_lens = _gather(tokens.src, tokens.src_offsets, rows)
     tgt_values, tgt_lens = _gather(tokens.tgt, tokens.tgt_offsets, rows)
     B = len(rows)
-    S, T = int(src_lens.max(initial=0)) + 1, int(tgt_lens.max(initial=0)) + 1
+    S = padded_length(int(src_lens.max(initial=0)) + 1, multiple)
+    T = padded_length(int(tgt_lens.max(initial=0)) + 1, multiple)
     rows_b = np.arange(B)
 
     src = np.full((B, S), pad_id, dtype=np.int64)
@@ -311,13 +319,15 @@ class Prefetcher:
     """
 
     def __init__(self, tokens: TokenArrays, device: torch.device, *, pad_id: int = PAD_ID, bos_id: int = BOS_ID,
-                 eos_id: int = EOS_ID):
+                 eos_id: int = EOS_ID, multiple: int = 1):
         self.tokens, self.device = tokens, device
         self.ids = {"pad_id": pad_id, "bos_id": bos_id, "eos_id": eos_id}  # the vocabulary's (Marian's differ)
+        self.multiple = multiple
         self._ahead: tuple[dict, list[tuple[int, Batch]]] | None = None
 
     def _collate(self, update: list[tuple[int, np.ndarray]]) -> list[tuple[int, Batch]]:
-        return [(slot, collate(self.tokens, rows, device=self.device, **self.ids)) for slot, rows in update]
+        return [(slot, collate(self.tokens, rows, device=self.device, multiple=self.multiple, **self.ids))
+                for slot, rows in update]
 
     def prepare(self, stream: BatchStream) -> None:
         self._ahead = (stream.state_dict(), self._collate(stream.peek_update()))

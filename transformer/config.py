@@ -108,7 +108,7 @@ ARCH_KEYS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not 
 # The data.* keys whose change makes a saved run a different run (compared on resume with ARCH_KEYS).
 DATA_KEYS = ("src_lang", "tgt_lang", "vocab_size", "spm_model", "dataset", "subset", "revision", "train_prefix",
              "valid_prefix", "test_prefix", "train_split", "valid_split", "test_split", "max_len", "max_len_ratio",
-             "dedup")
+             "dedup", "lowercase")
 
 def config_dir() -> Path:
     """The Hydra config tree: `transformer/configs` where a wheel installed it (pyproject.toml ships the
@@ -152,6 +152,10 @@ class TrainConfig:
     max_tokens: int = 4096  # most tokens per rank per forward pass: batch size × max(padded src, padded tgt length)
     tokens_per_update: int = 25000  # the update's size, kept at any world size (training.plan_update)
     update_freq: Optional[int] = None  # passes per update; null: derived with each pass's budget (plan_update)
+    # A batch's source and target lengths padded up to a multiple of this (1: to the longest sentence, the
+    # paper's). 8: a few dozen distinct shapes instead of hundreds, so fewer kernels compiled and cached
+    # (oneDNN's per-shape kernels on CPU, train.compile's graphs), at the cost of some padding (docs/BENCHMARKS.md).
+    pad_to_multiple: int = 1
     lr_scale: float = 1.0
     warmup_steps: int = 4000
     label_smoothing: float = 0.1
@@ -179,7 +183,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for key in ("max_tokens", "tokens_per_update", "warmup_steps", "save_every_steps", "valid_every_steps",
-                    "log_every_steps", "max_nonfinite", "average_last"):
+                    "log_every_steps", "max_nonfinite", "average_last", "pad_to_multiple"):
             require(getattr(self, key) > 0, f"train.{key}={getattr(self, key)} must be a positive integer")
         require(self.update_freq is None or self.update_freq > 0,
                 f"train.update_freq={self.update_freq} must be a positive integer or null")
@@ -261,6 +265,27 @@ class DecodeConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DistillConfig:
+    """`distill.*`: sequence-level knowledge distillation (Kim & Rush 2016; docs/DISTILLATION.md). With a
+    teacher, train.py first has it translate the training corpus's source side (resumable, sharded over the
+    run's processes, into run_dir/distilled/) and trains on those translations as targets."""
+
+    teacher: Any = path_field(READ)  # null: no distillation; a checkpoint, a run directory, or a list (an ensemble)
+    beam: Optional[int] = None  # the teacher's beam; null: its run's own decode.beam
+    original_weight: float = 0.0  # the original pairs beside the distilled ones, counted this many times an epoch
+    chunk_lines: int = 10000  # lines translated and written at a time (the unit a killed run resumes from)
+
+    def __post_init__(self) -> None:
+        require(self.beam is None or (isinstance(self.beam, int) and self.beam >= 1),
+                f"distill.beam={self.beam!r} must be a positive integer or null (the teacher run's own)")
+        require(self.original_weight >= 0, f"distill.original_weight={self.original_weight} must be >= 0 (0: the "
+                                           "distilled pairs only)")
+        require(self.chunk_lines >= 1, f"distill.chunk_lines={self.chunk_lines} must be a positive integer")
+        require(self.teacher is not None or self.original_weight == 0,
+                "distill.original_weight is set but distill.teacher is null: give the teacher checkpoint")
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainJob:
     """Everything train.py reads (configs/config.yaml)."""
 
@@ -273,6 +298,7 @@ class TrainJob:
     data: DataConfig = field(default_factory=lambda: DataConfig(dataset="wmt/wmt14", subset="de-en"))
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
     def __post_init__(self) -> None:
         require(self.data.vocab != "transfer" or bool(self.init_from),

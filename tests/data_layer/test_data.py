@@ -267,6 +267,34 @@ def test_collated_batches_fit_the_budget_as_padded(vocab, tmp_path):
         assert batch.src.shape[0] * max(batch.src.shape[1], batch.tgt_in.shape[1]) <= 300
 
 
+def test_padding_to_a_multiple_rounds_both_lengths_and_keeps_the_budget(vocab, tmp_path):
+    """train.pad_to_multiple=8: every batch's source and target lengths are multiples of 8, the padded size
+    (so counted) stays within the budget, the extra positions are padding only (the same pieces, EOS and
+    labels as without), and the shapes fall from many to a few."""
+    rng = np.random.default_rng(5)
+    words = ["Haus", "Katze", "Weltmeisterschaft", "a", "und", "Überraschung"]
+    lines = [" ".join(rng.choice(words, size=rng.integers(1, 20))) for _ in range(3000)]
+    prefix = write_pair(tmp_path / "c", lines, [line.upper() for line in lines])  # lengths that go together
+    ds = corpus.encode(load(text_source(prefix, "en", "de"), cache_dir=tmp_path), vocab,
+                       cache_file=tmp_path / "enc" / "e.arrow")
+    src, tgt = corpus.lengths(ds)
+    tokens = TokenArrays.from_dataset(ds)
+    shapes = {}
+    for multiple in (1, 8):
+        batches, skipped = batch_by_size(src, tgt, 1200, multiple=multiple)
+        assert sum(map(len, batches)) + skipped == 3000
+        shapes[multiple] = set()
+        for b in batches:
+            batch, plain = collate(tokens, b, multiple=multiple), collate(tokens, b)
+            s, t = batch.src.shape[1], batch.tgt_in.shape[1]
+            assert s % multiple == 0 and t % multiple == 0 and batch.src.shape[0] * max(s, t) <= 1200
+            assert (batch.src[:, : plain.src.shape[1]] == plain.src).all() and (batch.src[:, plain.src.shape[1]:] == PAD_ID).all()
+            assert (batch.tgt_out[:, : plain.tgt_out.shape[1]] == plain.tgt_out).all()
+            assert (batch.tgt_out[:, plain.tgt_out.shape[1]:] == PAD_ID).all() and batch.tgt_tokens == plain.tgt_tokens
+            shapes[multiple].add((batch.src.shape[0], s, t))
+    assert len(shapes[8]) * 3 < len(shapes[1]), (len(shapes[8]), len(shapes[1]))
+
+
 def test_pair_over_the_budget_is_skipped_and_counted_not_truncated():
     batches, skipped = batch_by_size([3, 50, 4, 9], [3, 2, 60, 9], max_tokens=20)
     assert skipped == 2

@@ -175,3 +175,22 @@ def test_attention_mask_smoke_counts_unpadded_batches_and_times_the_encoder(shar
                       r"\| [\d.]+% \|$", section, re.M)
     assert today and finer, section
     assert re.search(r"^\| training: forward \+ backward \| [\d,]+ ms \| [\d,]+ ms \| [\d.]+× \|$", section, re.M)
+
+
+def test_distill_smoke_rows_teacher_and_students_with_speed_ratio_and_quality(tiny_run, tmp_path):
+    """benchmarks/distill.py: a row per model (the tiny run as teacher and as student) with its parameters, its
+    search, sentences/s, the ratio to the teacher at the same thread count (1.00× for the teacher) and BLEU."""
+    source, reference = tiny_run.files("test")
+    markdown = tmp_path / "DISTILLATION.md"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "distill.py"), "--smoke", "--teacher",
+                             str(tiny_run.run_dir), "--student", str(tiny_run.run_dir), "--src", str(source),
+                             "--ref", str(reference), "--tok-ref", "", "--lines", "10", "--threads", "1",
+                             "--write", str(markdown)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1",
+                                 "HF_HUB_OFFLINE": "1", "HOME": str(tmp_path)})
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    section = markdown.read_text(encoding="utf-8")
+    assert "## Teacher and students: quality and decoding speed" in section and "(10 lines)" in section
+    rows = re.findall(r"^\| (teacher|student) \| `[^`]+` \| [\d.]+M \| ([^|]+) \| fp32 \| 1 \| ([\d.]+) \| ([\d.]+)× \| "
+                      r"([\d.]+) \| - \|$", section, re.M)
+    assert [row[0] for row in rows] == ["teacher", "student"] and rows[0][3] == "1.00", section

@@ -198,6 +198,7 @@ def build_run(job: TrainJob, *, dist: distributed.DistInfo, device: torch.device
     if warning:
         log.warning("%s", warning)
     stream = BatchStream(data.train.src_lengths, data.train.tgt_lengths, max_tokens=plan.max_tokens, seed=job.seed,
+                         multiple=t.pad_to_multiple,
                          world_size=dist.world_size, rank=dist.rank, update_freq=plan.update_freq,
                          data=data.train.cache_entry.name)
     if stream.skipped:
@@ -236,7 +237,7 @@ def build_run(job: TrainJob, *, dist: distributed.DistInfo, device: torch.device
              ", ".join(run_limits(t)) or "none: set train.max_steps, max_epochs or max_time")
     model.train()
     return Run(job=job, dist=dist, device=device, run_dir=run_dir, data=data, stream=stream,
-               batches=Prefetcher(data.train.tokens, device, pad_id=model.config.pad_id,
+               batches=Prefetcher(data.train.tokens, device, multiple=t.pad_to_multiple, pad_id=model.config.pad_id,
                                   bos_id=model.config.bos_id, eos_id=model.config.eos_id), model=model,
                train_model=train_model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, autocast=autocast,
                state=state, writer=EventWriter(run_dir / "tensorboard") if dist.is_main else None,

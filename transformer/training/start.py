@@ -74,11 +74,14 @@ def differences(saved: dict, current: dict, section: str, keys) -> list[str]:
 def run_differences(saved: dict, config: dict) -> list[str]:
     """The keys of a saved run's config (a checkpoint's, or run_dir/config.yaml) that make `config` another run:
     the architecture, the data and its splits, the seed, and what the saved Adam state depends on."""
-    train_saved = {"freeze": [], "train_top_layers": None, **saved.get("train", {})}
+    # keys a run saved before they existed take the value they had then
+    train_saved = {"freeze": [], "train_top_layers": None, "pad_to_multiple": 1, **saved.get("train", {})}
+    data_saved = {"lowercase": False, **saved.get("data", {})}
     diffs = (differences(model_config_with_defaults(saved.get("model", {})), config["model"], "model", ARCH_KEYS)
-             + differences(saved.get("data", {}), config["data"], "data", DATA_KEYS)
+             + differences(data_saved, config["data"], "data", DATA_KEYS)
              + differences(saved, config, "", ("seed",))
-             + differences(train_saved, config["train"], "train", ("max_tokens", "freeze", "train_top_layers")))
+             + differences(train_saved, config["train"], "train",
+                           ("max_tokens", "pad_to_multiple", "freeze", "train_top_layers")))
     return [d.lstrip(".") for d in diffs]
 
 

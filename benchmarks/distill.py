@@ -1,0 +1,98 @@
+"""Teacher against students (docs/DISTILLATION.md): test-set BLEU and real-text decoding speed, same machine, same run.
+
+    python benchmarks/distill.py --teacher runs/multi30k_en_de \
+        --student runs/distill_multi30k_en_de_deep_shallow --student runs/distill_multi30k_en_de_narrow \
+        --baseline runs/original_multi30k_en_de_deep_shallow --threads 1,2 --write docs/DISTILLATION.md
+    python benchmarks/distill.py --teacher RUN --student RUN --lines 50 --threads 1 --smoke   # every step, briefly
+
+Each model translates the test set (default: Multi30k's test_2016_flickr EN→DE from this repository's test data
+beside the checkout) with its own run's search (the teacher's beam 4 and α 0.6; a student preset's greedy
+search), in fp32 and in int8 (`decode.precision=int8`: dynamically quantised linear layers), at each thread
+count. Speed is sentences per second of `Translator.translate` over the whole set after one warm-up pass over
+its first 50 lines (the models in turns, so that the machine's load falls on each alike), and the ratio to the
+teacher's fp32 speed at the same thread count; quality is the fp32 translation's sacreBLEU and, with a tokenised
+reference, lcBLEU (the Multi30k papers' metric). `--baseline`: the same student shape trained on the original
+targets, the distillation gain's other side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from _common import load_average, measured_on, publish, table  # noqa: E402  (puts the checkout on sys.path)
+from transformer.decoding.translation import Translator
+from transformer.evaluation.scoring import lc_bleu, sacrebleu_scores
+
+DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multi30k"
+HEADING = "## Teacher and students: quality and decoding speed"
+
+
+def parameters(translator: Translator) -> float:
+    return sum(p.numel() for p in translator.model.parameters()) / 1e6
+
+
+def timed(translator: Translator, sources: list[str]) -> tuple[list[str], float]:
+    translator.translate(sources[:50])  # warm-up: allocations, oneDNN's kernels for these shapes
+    started = time.perf_counter()
+    hypotheses = translator.translate(sources)
+    return hypotheses, len(sources) / (time.perf_counter() - started)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--teacher", required=True, help="a run directory or checkpoint")
+    p.add_argument("--student", action="append", default=[], help="a distilled student (repeat for several)")
+    p.add_argument("--baseline", action="append", default=[], help="a student shape trained on the original data")
+    p.add_argument("--src", type=Path, default=DATA / "test_2016_flickr.en")
+    p.add_argument("--ref", type=Path, default=DATA / "test_2016_flickr.de")
+    p.add_argument("--tok-ref", type=Path, default=DATA / "tok" / "test_2016_flickr.lc.norm.tok.de")
+    p.add_argument("--lang", default="de")
+    p.add_argument("--lines", type=int, default=None, help="the first N lines only")
+    p.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
+    p.add_argument("--smoke", action="store_true", help="int8 skipped: every step once, for the test suite")
+    p.add_argument("--write", type=Path, help="Markdown file whose section to replace")
+    args = p.parse_args()
+    sources = args.src.read_text(encoding="utf-8").splitlines()[: args.lines]
+    references = args.ref.read_text(encoding="utf-8").splitlines()[: args.lines]
+    tokenized = (args.tok_ref.read_text(encoding="utf-8").splitlines()[: args.lines]
+                 if args.tok_ref and args.tok_ref.is_file() else None)
+    models = [("teacher", args.teacher)] + [("student", s) for s in args.student] + [
+        ("student, original data", b) for b in args.baseline]
+    precisions = ["fp32"] if args.smoke else ["fp32", "int8"]
+    thread_counts = [int(t) for t in args.threads.split(",")]
+    load_before = load_average()
+    rows, teacher_speed = [], {}
+    for threads in thread_counts:
+        torch.set_num_threads(threads)
+        for role, path in models:
+            for precision in precisions:
+                translator = Translator.load(path, "cpu")
+                translator = translator.with_decode(precision=precision)
+                hypotheses, speed = timed(translator, sources)
+                if role == "teacher" and precision == "fp32":
+                    teacher_speed[threads] = speed
+                quality = ["", ""]
+                if precision == "fp32" and threads == thread_counts[0]:
+                    bleu = next(s for s in sacrebleu_scores(hypotheses, references, lang=args.lang) if s.name == "BLEU")
+                    quality = [f"{bleu.score:.2f}",
+                               f"{lc_bleu(hypotheses, tokenized, args.lang).score:.2f}" if tokenized else "-"]
+                decode = translator.decode
+                search = "greedy" if decode.beam == 1 else f"beam {decode.beam}, α {decode.lenpen:g}"
+                rows.append([role, f"`{path}`", f"{parameters(translator):.1f}M", search, precision, threads,
+                             f"{speed:.1f}", f"{speed / teacher_speed[threads]:.2f}×", *quality])
+    section = "\n".join([
+        HEADING, "",
+        measured_on("distill.py", threads=max(thread_counts), load_before=load_before)
+        + f" Test set: {args.src} ({len(sources)} lines).", "",
+        table(["model", "run", "parameters", "search", "precision", "threads", "sentences/s", "× teacher fp32",
+               "BLEU", "lcBLEU"], rows), ""])
+    publish(section, args.write, HEADING)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,128 @@
+"""Sequence-level knowledge distillation through train.py (transformer/training/distill.py): the teacher's
+translations as the student's corpus, line for line; a run killed while its teacher translates resumes from the
+chunks written, and one killed while training never translates again."""
+
+from __future__ import annotations
+
+import pytest
+
+from data.errors import ConfigError, DataError
+from helpers import run, train_main
+from transformer.decoding.translation import Translator
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def teacher(corpus, tmp_path_factory):
+    """A tiny teacher trained for 6 updates on the generated corpus (what it says matters less than that the
+    student's corpus is exactly what it says)."""
+    directory = tmp_path_factory.mktemp("teacher") / "run"
+    run(corpus, directory, {"train.max_steps": 6})
+    return directory
+
+
+# The teacher of 6 updates writes long, repetitive translations: the student keeps them all (no length-ratio
+# filter), so that every test sees all 300 pairs.
+KEEP_ALL = {"data.max_len_ratio": "null"}
+
+
+def source_lines(corpus) -> list[str]:
+    return (corpus.prefixes["train"].with_suffix(".en")).read_text(encoding="utf-8").splitlines()
+
+
+def translations_seen(monkeypatch) -> list[int]:
+    """The number of source lines each call of the teacher's search was given, from here on."""
+    seen, original = [], Translator.translate_nbest
+
+    def counting(self, texts, *args, **kwargs):
+        seen.append(len(texts))
+        return original(self, texts, *args, **kwargs)
+
+    monkeypatch.setattr(Translator, "translate_nbest", counting)
+    return seen
+
+
+def test_the_student_trains_on_the_teachers_translations_line_for_line(corpus, teacher, tmp_path, monkeypatch):
+    """run_dir/distilled/train.de holds the teacher's translation of train.en line i at line i (its own search,
+    the same batches as one call of Translator.translate over the whole file), train.en a copy of the sources,
+    and a second run of the command trains on without translating again."""
+    seen = translations_seen(monkeypatch)
+    student = tmp_path / "student"
+    first = run(corpus, student, {**KEEP_ALL, "distill.teacher": teacher, "model.encoder_layers": 2, "train.max_steps": 3})
+    sources = source_lines(corpus)
+    distilled = (student / "distilled" / "train.de").read_text(encoding="utf-8").splitlines()
+    assert sum(seen) == len(sources) == len(distilled) == 300
+    assert (student / "distilled" / "train.en").read_text(encoding="utf-8").splitlines() == sources
+    expected = Translator.load(teacher, "cpu").translate(sources)
+    assert distilled == expected
+    assert first["step"] == 3
+    seen.clear()
+    again = run(corpus, student, {**KEEP_ALL, "distill.teacher": teacher, "model.encoder_layers": 2, "train.max_steps": 5})
+    assert again["step"] == 5 and seen == []
+
+
+def test_an_empty_translation_stays_an_empty_line_and_alignment_is_checked(corpus, teacher, tmp_path, monkeypatch,
+                                                                           capfd):
+    """A teacher whose translation of line 3 is empty: line 3 of the distilled corpus is empty (the pair is then
+    cleaned out, not shifted onto the next source); a distilled corpus that lost a line is refused in one line."""
+    original = Translator.translate_nbest
+
+    def empty_third(self, texts, *args, first_line=1, **kwargs):
+        rows = original(self, texts, *args, first_line=first_line, **kwargs)
+        if first_line <= 3 < first_line + len(texts):
+            rows[3 - first_line] = [type(rows[0][0])(text="", score=0.0)]
+        return rows
+
+    monkeypatch.setattr(Translator, "translate_nbest", empty_third)
+    student = tmp_path / "student"
+    run(corpus, student, {**KEEP_ALL, "distill.teacher": teacher, "distill.beam": 1, "train.max_steps": 1})
+    distilled = (student / "distilled" / "train.de").read_text(encoding="utf-8").split("\n")
+    assert len(distilled) == 301 and distilled[2] == "" and distilled[3] != ""  # 300 lines and the final newline
+    capfd.readouterr()
+
+    (student / "distilled" / "train.de").write_text("\n".join(distilled[:150] + distilled[151:]), encoding="utf-8")
+    with pytest.raises(DataError, match="not line-aligned"):
+        run(corpus, student, {**KEEP_ALL, "distill.teacher": teacher, "distill.beam": 1, "train.max_steps": 2})
+
+
+def test_a_run_killed_while_its_teacher_translates_resumes_from_the_chunks_written(corpus, teacher, tmp_path,
+                                                                                    monkeypatch):
+    """Chunks of 100 lines; the teacher dies in its third chunk: the same command translates only that chunk,
+    and the corpus equals an uninterrupted run's."""
+    original, calls = Translator.translate_nbest, []
+
+    def dies_in_third_chunk(self, texts, *args, **kwargs):
+        calls.append(len(texts))
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # as a SIGINT mid-chunk would
+        return original(self, texts, *args, **kwargs)
+
+    monkeypatch.setattr(Translator, "translate_nbest", dies_in_third_chunk)
+    changes = {**KEEP_ALL, "distill.teacher": teacher, "distill.beam": 1, "distill.chunk_lines": 100, "train.max_steps": 1}
+    with pytest.raises(KeyboardInterrupt):
+        run(corpus, tmp_path / "killed", changes)
+    monkeypatch.setattr(Translator, "translate_nbest", original)
+    seen = translations_seen(monkeypatch)
+    run(corpus, tmp_path / "killed", changes)
+    assert seen == [100]
+    run(corpus, tmp_path / "whole", changes)
+    assert ((tmp_path / "killed" / "distilled" / "train.de").read_bytes()
+            == (tmp_path / "whole" / "distilled" / "train.de").read_bytes())
+
+
+def test_another_teacher_for_the_same_run_and_a_hub_corpus_are_one_line_errors(corpus, teacher, tmp_path):
+    student = tmp_path / "student"
+    run(corpus, student, {**KEEP_ALL, "distill.teacher": teacher, "distill.beam": 1, "train.max_steps": 1})
+    with pytest.raises(ConfigError, match="holds the translation of another request .different: beam"):
+        run(corpus, student, {**KEEP_ALL, "distill.teacher": teacher, "distill.beam": 2, "train.max_steps": 2})
+    with pytest.raises(ConfigError, match="give data.train_prefix"):
+        train_main(corpus.overrides(tmp_path / "hub", {**KEEP_ALL, "distill.teacher": teacher, "data.train_prefix": "null",
+                                                       "data.dataset": str(tmp_path)}))
+
+
+def test_original_pairs_join_the_distilled_ones_at_their_weight(corpus, teacher, tmp_path, capfd):
+    run(corpus, tmp_path / "mixed", {**KEEP_ALL, "distill.teacher": teacher, "distill.beam": 1, "distill.original_weight": 1,
+                                     "train.max_steps": 1})
+    log = capfd.readouterr().err
+    assert "and the original pairs at weight 1" in log
