@@ -5,6 +5,7 @@ the same number of threads, each judged on the validation set only. Not part of 
     python tools/recipe_sweep.py --experiment multi30k_en_fr --only tiny_lc,base --budget 1800
     python tools/recipe_sweep.py --list                                # the candidates and their overrides
     python tools/recipe_sweep.py --table-only                          # the table of what has finished
+    python tools/recipe_sweep.py --ensemble tiny_lc,lc_drop            # two finished runs as one ensemble
 
 Each candidate is `python train.py experiment=<experiment> <its overrides> train.max_time=<budget>` (with
 OMP_NUM_THREADS=<threads>, `train.max_steps` lifted so that the budget ends it, no test translation), run in
@@ -13,6 +14,9 @@ run's averaged.pt (the preset's decoding: beam 4, α 0.6) and scores it: cased s
 references, and lcBLEU (the Multi30k papers' metric) against the references put through the task's own
 preprocessing (`scoring.lc_norm_tok`, which reproduces the official `lc.norm.tok` files). The test set is never
 read. A finished candidate (its `sweep.json`) is not run again: a killed sweep continues where it stopped.
+`--ensemble a,b`: the averaged checkpoints of finished candidates that share a vocabulary, decoded as one
+ensemble (their log-probabilities averaged) and scored the same way: two runs trained side by side, one thread
+each, cost what one two-thread run costs.
 
 The table (`<out>/sweep.md`, also `sweep.json`): candidate, overrides, updates, target tokens/s, best validation
 perplexity (and its update), validation sacreBLEU and lcBLEU of the average, peak resident memory.
@@ -72,7 +76,8 @@ def run_candidate(name: str, overrides: list[str], args: argparse.Namespace) -> 
         log.write("$ " + " ".join(command) + "\n")
         log.flush()
         subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
-    row = {"candidate": name, "overrides": " ".join(overrides) or "(the preset)", **read_log(log_path)}
+    row = {"candidate": name, "overrides": " ".join(overrides) or "(the preset)", "budget": f"{args.budget:g} s",
+           "threads": args.threads, **read_log(log_path)}
     row.update(score_validation(out, args))
     (out / "sweep.json").write_text(json.dumps(row, indent=2) + "\n")
     return row
@@ -91,13 +96,15 @@ def read_log(path: Path) -> dict:
             "peak_rss_mib": round(float(peak[-1])) if peak else None}
 
 
-def score_validation(run_dir: Path, args: argparse.Namespace) -> dict:
-    """evaluate.py on the validation set with the run's averaged.pt: sacreBLEU and lcBLEU."""
+def score_validation(run_dir: Path, args: argparse.Namespace, checkpoints: list[Path] | None = None) -> dict:
+    """evaluate.py on the validation set with the run's averaged.pt (or `checkpoints`, an ensemble):
+    sacreBLEU and lcBLEU."""
     from omegaconf import OmegaConf
 
     from transformer.evaluation.scoring import lc_norm_tok
 
-    data = OmegaConf.load(run_dir / "config.yaml").data
+    checkpoints = checkpoints or [run_dir / "checkpoints" / "averaged.pt"]
+    data = OmegaConf.load(checkpoints[0].parent.parent / "config.yaml").data  # <run>/checkpoints/averaged.pt
     src, ref = Path(f"{data.valid_prefix}.{data.src_lang}"), Path(f"{data.valid_prefix}.{data.tgt_lang}")
     if not src.is_absolute():
         src, ref = ROOT / src, ROOT / ref
@@ -105,7 +112,7 @@ def score_validation(run_dir: Path, args: argparse.Namespace) -> dict:
     if not tok_ref.exists():
         lines = ref.read_text(encoding="utf-8").splitlines()
         tok_ref.write_text("".join(line + "\n" for line in lc_norm_tok(lines, data.tgt_lang)), encoding="utf-8")
-    checkpoint = run_dir / "checkpoints" / "averaged.pt"
+    checkpoint = checkpoints[0] if len(checkpoints) == 1 else "[" + ",".join(map(str, checkpoints)) + "]"
     out = run_dir / "eval_valid"
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     subprocess.run([sys.executable, str(ROOT / "evaluate.py"), f"checkpoint={checkpoint}", f"src={src}",
@@ -113,11 +120,13 @@ def score_validation(run_dir: Path, args: argparse.Namespace) -> dict:
                     "device=cpu"], cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL,
                    stderr=open(args.out / f"{run_dir.name}.log", "a"))
     scores = {name: s["score"] for name, s in json.loads((out / "scores.json").read_text())["scores"].items()}
-    return {"checkpoint": checkpoint.name, "valid_bleu": round(scores["BLEU"], 2),
+    return {"checkpoint": " + ".join(f"{c.parent.parent.name}/{c.name}" for c in checkpoints),
+            "valid_bleu": round(scores["BLEU"], 2),
             "valid_lcbleu": round(scores["lcBLEU"], 2)}
 
 
-COLUMNS = [("candidate", "candidate"), ("overrides", "overrides"), ("updates", "updates"),
+COLUMNS = [("candidate", "candidate"), ("overrides", "overrides"), ("budget", "budget"), ("threads", "threads"),
+           ("updates", "updates"),
            ("tok_per_s", "tgt tok/s"), ("best_valid_ppl", "best valid ppl"), ("best_at", "at update"),
            ("valid_bleu", "valid BLEU"), ("valid_lcbleu", "valid lcBLEU"), ("peak_rss_mib", "peak RSS MiB")]
 
@@ -125,8 +134,8 @@ COLUMNS = [("candidate", "candidate"), ("overrides", "overrides"), ("updates", "
 def write_table(args: argparse.Namespace) -> str:
     rows = [json.loads(p.read_text()) for p in sorted(args.out.glob("*/sweep.json"))]
     rows.sort(key=lambda r: -r.get("valid_lcbleu", 0))
-    lines = [f"Recipe sweep: experiment={args.experiment}, {args.budget:.0f} s each on {args.threads} thread(s) of "
-             f"{cpu_name()}, train.precision={args.precision}; validation set only (sorted by valid lcBLEU).", "",
+    lines = [f"Recipe sweep: experiment={args.experiment} on {cpu_name()}, train.precision={args.precision}; "
+             "validation set only (sorted by valid lcBLEU).", "",
              "| " + " | ".join(title for _, title in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(f"`{r[k]}`" if k == "overrides" else str(r.get(k, "")) for k, _ in COLUMNS) + " |"
               for r in rows]
@@ -147,6 +156,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="default: runs/sweep_<experiment>")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--table-only", action="store_true")
+    parser.add_argument("--ensemble", default="", help="comma-separated finished candidates, scored as one ensemble")
     parser.add_argument("extra", nargs="*", help="overrides for every candidate (key=value)")
     args = parser.parse_args()
     args.out = (args.out or ROOT / "runs" / f"sweep_{args.experiment}").resolve()
@@ -159,6 +169,21 @@ def main() -> int:
             print(f"{name:12s} {' '.join(CANDIDATES[name]) or '(the preset)'}")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.ensemble:
+        members = args.ensemble.split(",")
+        rows = [json.loads((args.out / m / "sweep.json").read_text()) for m in members]
+        name = "+".join(members)
+        (args.out / name).mkdir(exist_ok=True)
+        row = {"candidate": name, "overrides": "ensemble of " + ", ".join(members),
+               "budget": " + ".join(r.get("budget", "?") for r in rows),
+               "threads": " + ".join(str(r.get("threads", "?")) for r in rows),
+               "updates": " + ".join(str(r["updates"]) for r in rows), "tok_per_s": "-", "best_valid_ppl": "-",
+               "best_at": "-", "peak_rss_mib": "-",
+               **score_validation(args.out / name, args, [args.out / m / "checkpoints" / "averaged.pt"
+                                                          for m in members])}
+        (args.out / name / "sweep.json").write_text(json.dumps(row, indent=2) + "\n")
+        print(write_table(args))
+        return 0
     if not args.table_only:
         for name in names:
             if (args.out / name / "sweep.json").exists():
