@@ -32,6 +32,7 @@ from transformer.decoding.corpus_translation import Render, Shard, translate_fil
 from transformer.distributed import pick_device
 from transformer.kernels import keep_freed_memory
 from transformer.search import Ensemble
+from data.files import file_identity
 from data.lines import arriving_lines, decode_line
 from data.paths import check_job_paths, open_input, open_output
 from transformer import checkpoint as ckpt
@@ -88,12 +89,6 @@ def renderer(translator: Translator, aligner: Aligner | None) -> Render:
 
 def checkpoint_names(job: TranslateJob) -> list:
     return list(job.checkpoint) if isinstance(job.checkpoint, (list, tuple, ListConfig)) else [job.checkpoint]
-
-
-def file_identity(path: Path) -> dict:
-    """What tells a file's version apart (a resumed translation must use the same model files)."""
-    stat = path.stat()
-    return {"path": str(path.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
 def alignment_of(job: TranslateJob, translator: Translator) -> Aligner:

@@ -36,11 +36,15 @@ class ExtraCorpus:
     """One more training corpus beside the main one (`data.extra_train`): `<prefix>.<src_lang>` and
     `<prefix>.<tgt_lang>`, e.g. back-translations. `weight`: its pairs count this many times an epoch (2.5: each
     twice, and half of them, drawn once from the seed, a third time); `tag`: a piece put before every source
-    sentence of this corpus (tagged back-translation: a reserved piece such as <BT>, docs/BACKTRANSLATION.md)."""
+    sentence of this corpus (tagged back-translation: a reserved piece such as <BT>, docs/BACKTRANSLATION.md;
+    multilingual training: the target language's, such as <2fr>). `src_lang`, `tgt_lang`: its language pair, where
+    it is not the main corpus's (null: data.src_lang, data.tgt_lang)."""
 
     prefix: str = path_field(READ_PREFIX, "")
     weight: float = 1.0
     tag: Optional[str] = None
+    src_lang: Optional[str] = None
+    tgt_lang: Optional[str] = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +65,11 @@ class DataConfig:
     test_split: str = "test"
     train_prefix: Optional[str] = path_field(READ_PREFIX)  # <prefix>.<lang>: one sentence a line
     train_weight: float = 1.0  # with data.extra_train: how many times the main corpus counts an epoch
+    train_tag: Optional[str] = None  # a piece put before every source of the main corpus (multilingual: <2de>)
+    # Sampling of several corpora by temperature (Arivazhagan et al. 2019): corpus i of n_i pairs is p_i ∝
+    # n_i^(1/T) of an epoch of Σ n_i pairs (T = 1: each corpus once; larger T: the small ones upsampled towards
+    # an equal share). null: the weights as given (data.train_weight, data.extra_train[i].weight).
+    temperature: Optional[float] = None
     extra_train: List[ExtraCorpus] = field(default_factory=list)  # more training corpora (back-translations)
     valid_prefix: Optional[str] = path_field(READ_PREFIX)
     test_prefix: Optional[str] = path_field(READ_PREFIX)
@@ -83,6 +92,16 @@ class DataConfig:
             require(corpus.tag is None or (bool(corpus.tag) and len(corpus.tag.split()) == 1
                                            and corpus.tag == corpus.tag.strip()),
                     f"data.extra_train[{i}].tag={corpus.tag!r} must be one word without spaces, e.g. <BT>, or null")
+            pair = (corpus.src_lang or self.src_lang, corpus.tgt_lang or self.tgt_lang)
+            require(pair[0] != pair[1], f"data.extra_train[{i}] translates {pair[0]} into itself: give two "
+                                        "different languages (src_lang, tgt_lang)")
+        require(self.train_tag is None or (bool(self.train_tag) and len(self.train_tag.split()) == 1),
+                f"data.train_tag={self.train_tag!r} must be one word without spaces, e.g. <2de>, or null")
+        require(self.temperature is None or self.temperature > 0,
+                f"data.temperature={self.temperature} must be a positive number (1: each corpus once) or null")
+        require(self.temperature is None or (self.train_weight == 1 and all(c.weight == 1 for c in extra)),
+                "data.temperature sets every corpus's share: leave data.train_weight and the extra_train weights "
+                "at 1, or set data.temperature=null")
         require(not (self.dataset and self.train_prefix),
                 "both data.dataset and data.train_prefix are set: set one of them to null")
         require(bool(self.dataset or self.train_prefix),
@@ -109,9 +128,17 @@ class DataConfig:
     @property
     def mixes_corpora(self) -> bool:
         """Whether the training set is more than the main corpus taken once."""
-        return bool(self.extra_train) or self.train_weight != 1
+        return bool(self.extra_train) or self.train_weight != 1 or self.train_tag is not None
 
     @property
     def tags(self) -> list[str]:
         """The reserved pieces the corpora put before their sources, each once, in order."""
-        return list(dict.fromkeys(c.tag for c in self.extra_train if c.tag))
+        return list(dict.fromkeys(t for t in [self.train_tag, *(c.tag for c in self.extra_train)] if t))
+
+
+def temperature_weights(sizes: list[int], temperature: float) -> list[float]:
+    """The weight of each corpus of `sizes` pairs under sampling by temperature T: its share of an epoch of
+    Σ n pairs is p_i = n_i^(1/T) / Σ_j n_j^(1/T), so it counts p_i · Σ n / n_i times (1 for every corpus at T = 1)."""
+    total = sum(sizes)
+    scaled = [n ** (1 / temperature) for n in sizes]
+    return [s / sum(scaled) * total / n for s, n in zip(scaled, sizes)]

@@ -103,6 +103,13 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def file_identity(path: Path) -> dict:
+    """What tells a file's version apart (a resumed job must read the same files): its resolved path, its size
+    and its modification time."""
+    stat = path.stat()
+    return {"path": str(path.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
 def remove_quietly(path: Path) -> None:
     try:
         path.unlink()

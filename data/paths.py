@@ -55,8 +55,8 @@ class PathKey:
 def path_keys(job: Any, prefix: str = "", langs: tuple[str, str] | None = None) -> Iterator[PathKey]:
     """The path-valued keys of a job (any dataclass), recursively, with their values (None and "" skipped;
     a list gives one entry per element). A corpus that data.generate writes is an output, not an input."""
-    if hasattr(job, "src_lang") and hasattr(job, "tgt_lang"):
-        langs = (job.src_lang, job.tgt_lang)
+    if hasattr(job, "src_lang") and hasattr(job, "tgt_lang"):  # a corpus's own pair, where it names one
+        langs = (job.src_lang or (langs or (None, None))[0], job.tgt_lang or (langs or (None, None))[1])
     generated = bool(getattr(job, "generate", None))
     for f in dataclasses.fields(job):
         value, key = getattr(job, f.name), f"{prefix}{f.name}"

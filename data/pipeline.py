@@ -34,7 +34,7 @@ from filelock import FileLock
 from data import corpus
 from data.batching import TokenArrays
 from data.corpus import CleanReport
-from data.config import DataConfig
+from data.config import DataConfig, temperature_weights
 from data.errors import ConfigError, DataError
 from data.files import atomic_write
 from data.vocab import Vocab, load_vocab, train_vocab
@@ -100,7 +100,8 @@ def source(cfg: DataConfig, split: str) -> corpus.Source:
     """Where `split` ("train", "valid" or "test") is read from: the hub dataset's split, or <prefix>.<lang>;
     "train+<i>" is the extra training corpus `data.extra_train[i - 1]`."""
     if split.startswith("train+"):
-        return corpus.text_source(cfg.extra_train[int(split[6:]) - 1].prefix, cfg.src_lang, cfg.tgt_lang)
+        extra = cfg.extra_train[int(split[6:]) - 1]
+        return corpus.text_source(extra.prefix, extra.src_lang or cfg.src_lang, extra.tgt_lang or cfg.tgt_lang)
     if cfg.dataset:
         return corpus.HubSource(name=cfg.dataset, subset=cfg.subset, split=getattr(cfg, f"{split}_split"),
                                 src_lang=cfg.src_lang, tgt_lang=cfg.tgt_lang, revision=cfg.revision)
@@ -121,8 +122,8 @@ def cleaning(cfg: DataConfig, split: str) -> dict:
 
 def training_corpora(cfg: DataConfig) -> list[tuple[str, float, str | None]]:
     """(split name, weight, tag) of every training corpus: the main one ("train"), then data.extra_train."""
-    return [("train", cfg.train_weight, None)] + [(f"train+{i}", c.weight, c.tag)
-                                                   for i, c in enumerate(cfg.extra_train, start=1)]
+    return [("train", cfg.train_weight, cfg.train_tag)] + [(f"train+{i}", c.weight, c.tag)
+                                                            for i, c in enumerate(cfg.extra_train, start=1)]
 
 
 def prepare(
@@ -197,6 +198,9 @@ def _mixed_training_set(settings: DataConfig, vocab: Vocab, encoded: Callable[[s
     other; BatchStream shuffles the batches. Cached like a split (memory-mapped, keyed by its parts)."""
     corpora = training_corpora(settings)
     parts = [(name, encoded(name), weight, _tag_id(vocab, tag, name)) for name, weight, tag in corpora]
+    if settings.temperature is not None:  # each corpus's share from its size (data/config.py)
+        weights = temperature_weights([len(split.src_lengths) for _, split, _, _ in parts], settings.temperature)
+        parts = [(name, split, weight, tag_id) for (name, split, _, tag_id), weight in zip(parts, weights)]
     key = {"format": CACHE_FORMAT, "seed": seed,
            "parts": [[split.cache_entry.name, weight, tag_id] for _, split, weight, tag_id in parts]}
     entry = cache_dir / f"train-mix-{corpus.digest(key)}"
@@ -236,7 +240,8 @@ def _tag_id(vocab: Vocab, tag: str | None, split: str) -> int | None:
         return None
     found = vocab.piece_id(tag) if hasattr(vocab, "piece_id") else None
     if found is None:
-        raise DataError(f"{_corpus_name(split)}.tag={tag} is not a piece of the vocabulary: a vocabulary trained "
+        key = "data.train_tag" if split == "train" else f"{_corpus_name(split)}.tag"
+        raise DataError(f"{key}={tag} is not a piece of the vocabulary: a vocabulary trained "
                         f"here reserves it; with data.spm_model or init_from's (data.vocab=keep), train one with it as "
                         "a user-defined symbol, or use data.vocab=transfer")
     return found
@@ -266,8 +271,13 @@ def _resolve_vocab(settings: DataConfig, run_dir: Path, given: Vocab | None, *, 
         if settings.vocab_size is None:
             raise DataError(f"data.vocab_size is null and there is no vocabulary to use ({path}, data.spm_model): "
                             "set data.vocab_size (37000 for WMT14 EN-DE, 32000 for EN-FR)")
-        # Sampled from every training corpus as it is (each once, untagged); the tags are reserved pieces.
+        # Sampled from every training corpus as it is (each once, untagged; with data.temperature, each at its
+        # share, so that a small language is not underrepresented); the tags are reserved pieces.
         train = [load_clean(name)[0] for name, _, _ in training_corpora(settings)]
+        if settings.temperature is not None:
+            weights = temperature_weights([len(ds) for ds in train], settings.temperature)
+            train = [ds.select(_weighted_rows(len(ds), w, seed=seed, corpus=i))
+                     for i, (ds, w) in enumerate(zip(train, weights))]
         train = train[0] if len(train) == 1 else datasets.concatenate_datasets(train)
         sentences, total = corpus.sample_sentences(train, settings.vocab_sample, seed=seed)
         reserved = f", reserving {', '.join(settings.tags)}" if settings.tags else ""

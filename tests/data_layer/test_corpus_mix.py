@@ -91,7 +91,8 @@ def test_a_run_on_several_corpora_resumes_bit_identically_and_records_them(corpu
     assert_training_states_equal(resumed, whole)
     assert whole["data_state"]["data"].startswith("train-mix-")
     data = whole["config"]["data"]
-    assert data["extra_train"] == [{"prefix": str(extra_corpus), "weight": 2, "tag": "<BT>"}]
+    assert data["extra_train"] == [{"prefix": str(extra_corpus), "weight": 2, "tag": "<BT>", "src_lang": None,
+                                   "tgt_lang": None}]
     assert load_vocab(ckpt.spm_bytes(whole)).piece_id("<BT>") is not None  # the checkpoint carries the tag
 
 
@@ -111,3 +112,53 @@ def test_weighted_rows_are_whole_copies_then_a_seeded_draw():
     assert rows[:20].tolist() == list(range(10)) * 2 and len(rows) == 23 and len(set(rows[20:].tolist())) == 3
     assert np.array_equal(rows, _weighted_rows(10, 2.3, seed=4, corpus=1))
     assert _weighted_rows(10, 0.5, seed=4, corpus=1).tolist() != _weighted_rows(10, 0.5, seed=4, corpus=2).tolist()
+
+
+@pytest.fixture()
+def french_corpus(corpus, tmp_path):
+    """A corpus of another pair: 60 of the training corpus's English sentences with a made-up French side
+    (each word reversed), as <prefix>.en and <prefix>.fr."""
+    prefix = tmp_path / "fr" / "train"
+    prefix.parent.mkdir()
+    english = corpus.prefixes["train"].with_suffix(".en").read_text(encoding="utf-8").splitlines()[:60]
+    prefix.with_suffix(".en").write_text("".join(line + "\n" for line in english), encoding="utf-8")
+    prefix.with_suffix(".fr").write_text("".join(" ".join(w[::-1] for w in line.split()) + "\n" for line in english),
+                                         encoding="utf-8")
+    return prefix
+
+
+def test_several_language_pairs_each_led_by_its_target_languages_tag_and_mixed_by_temperature(corpus, french_corpus,
+                                                                                               tmp_path):
+    """Multilingual training's data (Johnson et al. 2017; Arivazhagan et al. 2019): the main EN→DE corpus
+    tagged <2de>, an EN→FR corpus read from <prefix>.en/.fr tagged <2fr>; at temperature T each corpus is
+    p_i = n_i^(1/T) / Σ n_j^(1/T) of an epoch of Σ n pairs, counted here by the tags that lead the sources."""
+    changes = dict(train_tag="<2de>", extra_train=[{"prefix": str(french_corpus), "tag": "<2fr>", "src_lang": "en",
+                                                    "tgt_lang": "fr"}])
+    once = prepare(data_cfg(corpus, tmp_path / "cache", **changes), tmp_path / "once", seed=1, splits=("train",))
+    vocab = once.vocab
+    de, fr = vocab.piece_id("<2de>"), vocab.piece_id("<2fr>")
+    assert de is not None and fr is not None and vocab.pieces(vocab.encode(["x <2fr> y"])[0]).count("<2fr>") == 1
+    src = rows(once.train, "src")
+    n_de, n_fr = sum(s[0] == de for s in src), sum(s[0] == fr for s in src)
+    assert n_fr == 60 and n_de + n_fr == len(src)  # no temperature: each corpus once
+    french = vocab.encode([" ".join(w[::-1] for w in line.split()) for line in
+                           french_corpus.with_suffix(".en").read_text(encoding="utf-8").splitlines()])
+    assert [t for s, t in zip(src, rows(once.train, "tgt")) if s[0] == fr] == french  # the .fr side, in order
+
+    hot = prepare(data_cfg(corpus, tmp_path / "cache", temperature=5, spm_model=str(once.vocab_path), **changes),
+                  tmp_path / "hot", seed=1, splits=("train",))
+    src = rows(hot.train, "src")
+    total = n_de + n_fr
+    shares = np.array([n_de, n_fr], dtype=float) ** (1 / 5)
+    expected = np.round(shares / shares.sum() * total).astype(int)
+    assert [sum(s[0] == de for s in src), sum(s[0] == fr for s in src)] == expected.tolist()
+    assert expected[1] > 2 * 60  # the small corpus upsampled
+
+
+def test_temperature_with_explicit_weights_and_a_pair_into_itself_are_one_line_errors(corpus, tmp_path):
+    with pytest.raises(DataError, match="data.temperature sets every corpus's share"):
+        prepare(data_cfg(corpus, tmp_path / "cache", temperature=2, train_weight=2), tmp_path / "r", seed=1,
+                splits=("train",))
+    with pytest.raises(DataError, match=r"extra_train\[0\] translates de into itself"):
+        prepare(data_cfg(corpus, tmp_path / "cache", extra_train=[{"prefix": "x", "src_lang": "de"}]), tmp_path / "r",
+                seed=1, splits=("train",))

@@ -28,7 +28,7 @@ import torch
 
 from data.config import ExtraCorpus
 from data.errors import ConfigError, DataError
-from data.files import atomic_write
+from data.files import atomic_write, file_identity
 from data.lines import count_lines
 from transformer import checkpoint as ckpt
 from transformer import distributed
@@ -44,12 +44,6 @@ FOLDER = "distilled"
 def teachers(job: TrainJob) -> list[str]:
     teacher = job.distill.teacher
     return [str(t) for t in teacher] if isinstance(teacher, (list, tuple)) else [str(teacher)]
-
-
-def file_identity(path: Path) -> dict:
-    """What tells a file's version apart: its resolved path, size and modification time."""
-    stat = path.stat()
-    return {"path": str(path.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
 def with_distilled_data(job: TrainJob, run_dir: Path, *, rank: int, world_size: int,
