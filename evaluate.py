@@ -67,7 +67,7 @@ def run(cfg: DictConfig) -> int:
     translator = None
     if job.checkpoint is not None:  # the run's own search settings, but for the decode.* keys given here
         decode, settings = decode_request(cfg, job.decode)
-        translator = Translator.load(job.checkpoint, device, decode=decode, **settings)
+        translator = Translator.load(job.checkpoint, device, decode=decode, tgt_lang=job.tgt_lang, **settings)
     test = test or evaluation.read_test_set(job, translator)
     if job.checkpoints == "all":
         return sweep_checkpoints(job.checkpoint, sources=test.sources, references=test.references,

@@ -46,7 +46,8 @@ def run(cfg: DictConfig) -> int:
     setup_logging(quiet=job.quiet)
     check_job_paths(job)  # input, output and the checkpoints, before the model is loaded (data/paths.py)
     decode, settings = decode_request(cfg, job.decode)  # the run's own search, but for decode.* given here
-    translator = Translator.load(job.checkpoint, pick_device(job.device), decode=decode, **settings)
+    translator = Translator.load(job.checkpoint, pick_device(job.device), decode=decode, tgt_lang=job.tgt_lang,
+                                 **settings)
     if job.alignment and translator.decode.nbest > 1:
         raise ConfigError("alignment=true aligns the best translation only: set decode.nbest=1")
     aligner = alignment_of(job, translator) if job.alignment else None

@@ -97,6 +97,14 @@ class DataConfig:
                                         "different languages (src_lang, tgt_lang)")
         require(self.train_tag is None or (bool(self.train_tag) and len(self.train_tag.split()) == 1),
                 f"data.train_tag={self.train_tag!r} must be one word without spaces, e.g. <2de>, or null")
+        if self.train_tag is not None:  # multilingual: every corpus's tag is its target language's
+            tags = {self.tgt_lang: self.train_tag}
+            for i, corpus in enumerate(extra):
+                lang = corpus.tgt_lang or self.tgt_lang
+                require(corpus.tag is not None and tags.setdefault(lang, corpus.tag) == corpus.tag,
+                        f"data.extra_train[{i}] translates into {lang}, whose tag is {tags.get(lang)!r} with "
+                        "data.train_tag set (one tag per target language): give it tag: "
+                        f"{tags.get(lang) or '<2' + lang + '>'}")
         require(self.temperature is None or self.temperature > 0,
                 f"data.temperature={self.temperature} must be a positive number (1: each corpus once) or null")
         require(self.temperature is None or (self.train_weight == 1 and all(c.weight == 1 for c in extra)),
@@ -134,6 +142,18 @@ class DataConfig:
     def tags(self) -> list[str]:
         """The reserved pieces the corpora put before their sources, each once, in order."""
         return list(dict.fromkeys(t for t in [self.train_tag, *(c.tag for c in self.extra_train)] if t))
+
+
+def language_tags(data: Mapping) -> dict[str, str]:
+    """A multilingual run's target languages and the tag of each, from its `data.*` (a DataConfig's fields as
+    a mapping, e.g. what a checkpoint saved): {data.tgt_lang: data.train_tag, each extra corpus's target
+    language: its tag}; {} for a run whose main corpus has no tag (one pair, or tagged back-translation)."""
+    if not data.get("train_tag"):
+        return {}
+    tags = {data["tgt_lang"]: data["train_tag"]}
+    for corpus in data.get("extra_train") or []:
+        tags.setdefault(corpus.get("tgt_lang") or data["tgt_lang"], corpus.get("tag"))
+    return tags
 
 
 def temperature_weights(sizes: list[int], temperature: float) -> list[float]:

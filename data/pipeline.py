@@ -311,8 +311,12 @@ def _encoded_split(settings: DataConfig, split: str, vocab: Vocab, *, cache_dir:
     """The split from its cache entry, or loaded, cleaned and encoded into a new one."""
     corpus_id = corpus.identity(source(settings, split), hashes)
     keep_text = split != "train"
+    # A multilingual run's validation and test pairs are its main pair's: their sources lead with its tag.
+    tag_id = _tag_id(vocab, settings.train_tag, "train") if split in ("valid", "test") else None
     key = {"format": CACHE_FORMAT, "corpus": corpus_id, "langs": [settings.src_lang, settings.tgt_lang],
            "clean": cleaning(settings, split), "vocab": vocab.sha256, "keep_text": keep_text}
+    if tag_id is not None:
+        key["tag"] = tag_id
     entry = cache_dir / f"{split}-{corpus.digest(key)}"
     meta_path = entry / "meta.json"
     try:
@@ -329,6 +333,12 @@ def _encoded_split(settings: DataConfig, split: str, vocab: Vocab, *, cache_dir:
     start = time.monotonic()
     encoded = corpus.encode(ds, vocab, cache_file=entry / "encoded.arrow", num_proc=settings.num_workers,
                             keep_text=keep_text, desc=f"encoding {split}")
+    if tag_id is not None:
+        encoded = encoded.map(lambda batch: {"src_ids": [[tag_id, *ids] for ids in batch["src_ids"]],
+                                             "src_len": [n + 1 for n in batch["src_len"]]},
+                              batched=True, features=encoded.features, cache_file_name=str(entry / "tagged.arrow"),
+                              load_from_cache_file=False, new_fingerprint=corpus.digest({"tagged": str(entry)}),
+                              desc=f"tagging {split}")
     files = [Path(f["filename"]).name for f in encoded.cache_files]
     meta = {"key": key, "files": files, "rows": len(encoded), "report": report.to_dict(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

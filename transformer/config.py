@@ -346,6 +346,7 @@ class TranslateJob:
     interactive: bool = False  # true: load once, translate each line as it arrives and flush its translation
     interactive_batch: int = 16  # interactive: lines already waiting are translated together, at most this many
     chunk_lines: int = 10000  # input read and translated this many lines at a time (memory); output=: resumable
+    tgt_lang: Optional[str] = None  # the language to translate into: a multilingual model needs it; null: the model's own
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def __post_init__(self) -> None:
@@ -377,6 +378,7 @@ class EvaluateJob:
     tok_ref: Optional[str] = path_field(READ_FILE)  # a lowercased, tokenised reference (Multi30k's *.lc.norm.tok.<lang>): adds lcBLEU
     hyp: Any = path_field(READ_FILE)  # score this translation instead of decoding; [base,new,...]: paired tests against the first
     lang: Optional[str] = None  # target language for tokBLEU; null: the checkpoint's, else the ref's suffix
+    tgt_lang: Optional[str] = None  # the language to translate into: a multilingual model needs it; null: the model's own
     split: str = "auto"  # test → a Table 2 row, dev → a Table 3 row; auto: dev for newstest2013, else test
     name: Optional[str] = None  # the row's model name; null: the run directory's name
     out: Optional[str] = path_field(WRITE_DIR, writes=EVAL_FILES)  # where hypotheses and scores.json go; null: run_dir/eval/<test set>

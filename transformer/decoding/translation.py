@@ -24,6 +24,7 @@ from typing import Iterable, Iterator, Sequence
 import torch
 from tqdm import tqdm
 
+from data.config import language_tags
 from data.errors import DataError
 from data.vocab import MarianVocab, Vocab, load_vocab
 from transformer import checkpoint as ckpt
@@ -191,12 +192,16 @@ class Translator:
     tgt_lang: str | None
     device: torch.device
     checkpoints: list[dict]  # what each checkpoint holds besides its weights (step, config, TrainState keys)
+    source_prefix: list[int] = field(default_factory=list)  # a multilingual model's: the target language's tag
     _prepared: _Prepared = field(default_factory=_Prepared, init=False, repr=False)
 
     @classmethod
     def load(cls, checkpoint, device: torch.device | str = "auto", *, decode: DecodeConfig | None = None,
-             **settings) -> Translator:
+             tgt_lang: str | None = None, **settings) -> Translator:
         """From a run directory, a .pt file, or a list of them (an ensemble sharing one vocabulary).
+
+        `tgt_lang`: the language to translate into. A multilingual model (trained with data.train_tag) needs it,
+        and puts that language's tag before every source; a model of one pair takes its own or none.
 
         `device`: auto (cuda if available, else cpu), cpu, cuda or cuda:N, by the one device rule of
         `distributed.pick_device` (under torchrun, auto and cuda are cuda:LOCAL_RANK; cuda:N is refused), or a
@@ -236,15 +241,20 @@ class Translator:
         del states  # the weights are in the models now; the Adam moments of last.pt are not kept
         decode = _with_settings(run_decode(records[0]) if decode is None else decode, settings)
         data_cfg = (records[0].get("config") or {}).get("data", {})
+        for path, record in zip(paths[1:], records[1:]):
+            if language_tags((record.get("config") or {}).get("data", {})) != language_tags(data_cfg):
+                raise ConfigError(f"{path} translates into other languages than {paths[0]}: an ensemble's models "
+                                  "need the same target languages and tags")
+        target, prefix = _target(data_cfg, tgt_lang, vocab, paths[0])
         return cls(model=models[0] if len(models) == 1 else Ensemble(models), vocab=vocab, decode=decode,
-                   src_lang=data_cfg.get("src_lang"), tgt_lang=data_cfg.get("tgt_lang"), device=device,
-                   checkpoints=records)
+                   src_lang=data_cfg.get("src_lang"), tgt_lang=target, device=device, checkpoints=records,
+                   source_prefix=prefix)
 
     @classmethod
     def from_state(cls, state: dict, device: torch.device | str = "cpu", *, name: str = "checkpoint",
-                   decode: DecodeConfig | None = None) -> Translator:
+                   decode: DecodeConfig | None = None, tgt_lang: str | None = None) -> Translator:
         """From a checkpoint dict already in memory, e.g. `checkpoint.average(...)` made on the fly; `name`
-        stands for its path in error messages; `decode` as for `load` (default: the run's own)."""
+        stands for its path in error messages; `decode` and `tgt_lang` as for `load` (default: the run's own)."""
         try:
             vocab = load_vocab(ckpt.spm_bytes(state))
         except (ckpt.CheckpointError, DataError) as error:
@@ -253,9 +263,10 @@ class Translator:
                                                               "data_state", "spm_model")}
         record["params"] = sum(t.numel() for t in state["model"].values())
         data_cfg = (record.get("config") or {}).get("data", {})
+        target, prefix = _target(data_cfg, tgt_lang, vocab, name)
         return cls(model=ckpt.model_of(state, name, vocab_size=vocab.size).to(device).eval(), vocab=vocab,
                    decode=run_decode(record) if decode is None else decode, src_lang=data_cfg.get("src_lang"),
-                   tgt_lang=data_cfg.get("tgt_lang"), device=torch.device(device), checkpoints=[record])
+                   tgt_lang=target, device=torch.device(device), checkpoints=[record], source_prefix=prefix)
 
     def with_decode(self, **settings) -> Translator:
         """The same model (shared, not copied, with its packed weights and bf16 copy) with some search settings
@@ -292,10 +303,11 @@ class Translator:
             model = self._prepared.bf16_model
         ids = self.vocab.encode([" ".join(t.split()) for t in texts])
         for index, row in enumerate(ids):
-            if len(row) > decode.max_input_len:
+            if len(row) > decode.max_input_len - len(self.source_prefix):
                 log.warning("%s line %d has %d pieces: cropped to decode.max_input_len=%d", source,
                             first_line + index, len(row), decode.max_input_len)
-                ids[index] = row[: decode.max_input_len]
+                row = row[: decode.max_input_len - len(self.source_prefix)]
+            ids[index] = self.source_prefix + row
         with tqdm(total=len(ids), desc="translating", unit="line", file=sys.stderr, disable=not progress,
                   mininterval=1.0) as bar:
             hyps = translate_ids(model, ids, decode, device=self.device, progress=bar, deadline=deadline,
@@ -309,6 +321,22 @@ class Translator:
                                filler=decode.noise_filler) for rank, text in enumerate(detok)]
             out.append([Translation(text=text, score=h.score) for text, h in zip(detok, row)])
         return out
+
+
+def _target(data_cfg: dict, tgt_lang: str | None, vocab, name) -> tuple[str | None, list[int]]:
+    """(the language a model translates into, the pieces put before each source) for a request of `tgt_lang`
+    (None: the model's own); a one-line ConfigError where the model cannot."""
+    tags, own = language_tags(data_cfg), data_cfg.get("tgt_lang")
+    if tags:
+        if tgt_lang not in tags:
+            asked = "no tgt_lang is given" if tgt_lang is None else f"tgt_lang={tgt_lang} is not one of them"
+            raise ConfigError(f"{name} is a multilingual model translating into {', '.join(tags)}, and {asked}: "
+                              f"give tgt_lang=<one of {', '.join(tags)}>")
+        return tgt_lang, [vocab.piece_id(tags[tgt_lang])]
+    if tgt_lang is not None and own is not None and tgt_lang != own:
+        raise ConfigError(f"tgt_lang={tgt_lang}: {name} translates {data_cfg.get('src_lang')}→{own} only; give "
+                          f"tgt_lang={own} or leave it out")
+    return own if tgt_lang is None else tgt_lang, []
 
 
 def run_decode(record: dict) -> DecodeConfig:

@@ -198,7 +198,8 @@ def model_figures(translator, path: Path | None, test: TestSet, device) -> tuple
     figures = {}
     if test.sources is not None:
         vocab = translator.vocab
-        figures["ppl"] = corpus_nll(translator.model, vocab.encode(test.sources), vocab.encode_target(test.references),
+        sources = [translator.source_prefix + row for row in vocab.encode(test.sources)]  # a target tag first
+        figures["ppl"] = corpus_nll(translator.model, sources, vocab.encode_target(test.references),
                                     max_tokens=translator.decode.max_tokens, device=device)["ppl"]
         log.info("perplexity of the references: %.2f", figures["ppl"])
     record = training_record(translator.checkpoints[0], path)

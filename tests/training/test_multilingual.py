@@ -1,0 +1,90 @@
+"""One model for several language pairs (Johnson et al. 2017): each corpus's sources lead with its target
+language's tag; the run's validation pairs carry the main pair's tag; translating needs the target language
+(tgt_lang), which puts its tag first, and a model of one pair refuses another language in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from data.config import DataConfig, language_tags
+from data.errors import ConfigError
+from helpers import run
+from transformer import search
+from transformer.decoding import translation
+from transformer.decoding.translation import Translator
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def multilingual_run(corpus, tmp_path_factory):
+    """A tiny EN→{DE, FR} model of 3 updates: the generated corpus tagged <2de>, and 60 of its English sentences
+    with a made-up French side (each word reversed) tagged <2fr>."""
+    root = tmp_path_factory.mktemp("multilingual")
+    prefix = root / "fr" / "train"
+    prefix.parent.mkdir()
+    english = corpus.prefixes["train"].with_suffix(".en").read_text(encoding="utf-8").splitlines()[:60]
+    prefix.with_suffix(".en").write_text("".join(line + "\n" for line in english), encoding="utf-8")
+    prefix.with_suffix(".fr").write_text("".join(" ".join(w[::-1] for w in line.split()) + "\n" for line in english),
+                                         encoding="utf-8")
+    run_dir = root / "run"
+    run(corpus, run_dir, {"data.spm_model": "null", "data.train_tag": '"<2de>"', "data.temperature": 2,
+                          "data.extra_train": f'[{{prefix: {prefix}, src_lang: en, tgt_lang: fr, tag: "<2fr>"}}]',
+                          "train.max_steps": 3})
+    return run_dir
+
+
+def sources_searched(monkeypatch) -> list[list[int]]:
+    """The source ids the next searches receive."""
+    seen, original = [], translation.translate_ids
+
+    def spy(model, sources, *args, **kwargs):
+        seen.extend(list(s) for s in sources)
+        return original(model, sources, *args, **kwargs)
+
+    monkeypatch.setattr(translation, "translate_ids", spy)
+    return seen
+
+
+def test_a_multilingual_model_needs_its_target_language_and_puts_its_tag_first(multilingual_run, monkeypatch):
+    with pytest.raises(ConfigError, match=r"multilingual model translating into de, fr, and no tgt_lang is given"):
+        Translator.load(multilingual_run, "cpu")
+    with pytest.raises(ConfigError, match="tgt_lang=cs is not one of them: give tgt_lang=<one of de, fr>"):
+        Translator.load(multilingual_run, "cpu", tgt_lang="cs")
+    seen = sources_searched(monkeypatch)
+    for lang in ("fr", "de"):
+        translator = Translator.load(multilingual_run, "cpu", tgt_lang=lang, beam=1, max_len_b=3)
+        tag = translator.vocab.piece_id(f"<2{lang}>")
+        assert translator.tgt_lang == lang and translator.source_prefix == [tag]
+        seen.clear()
+        translator.translate(["a b c", "d e"])
+        assert [row[0] for row in seen] == [tag, tag]
+        assert sorted(row[1:] for row in seen) == sorted(translator.vocab.encode(["a b c", "d e"]))
+
+
+def test_the_validation_sources_of_a_multilingual_run_lead_with_the_main_pairs_tag(multilingual_run):
+    from data.pipeline import prepare
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(OmegaConf.load(multilingual_run / "config.yaml").data)
+    assert language_tags(data) == {"de": "<2de>", "fr": "<2fr>"}
+    prepared = prepare(data, multilingual_run, splits=("valid",), seed=1, log=lambda m: None)
+    tag = prepared.vocab.piece_id("<2de>")
+    valid = prepared.valid.dataset
+    assert all(ids[0] == tag for ids in valid["src_ids"])
+    assert valid["src_ids"][0][1:] == prepared.vocab.encode([valid["src"][0]])[0]
+    assert valid["src_len"][0] == len(valid["src_ids"][0])
+
+
+def test_a_model_of_one_pair_takes_its_own_target_language_or_none(corpus, tmp_path):
+    run(corpus, tmp_path / "run", {"train.max_steps": 1})
+    assert Translator.load(tmp_path / "run", "cpu", tgt_lang="de").source_prefix == []
+    with pytest.raises(ConfigError, match="tgt_lang=fr: .* translates en→de only; give tgt_lang=de or leave it out"):
+        Translator.load(tmp_path / "run", "cpu", tgt_lang="fr")
+
+
+def test_each_target_language_has_one_tag_when_the_main_corpus_is_tagged():
+    with pytest.raises(ConfigError, match=r"extra_train\[0\] translates into fr, whose tag is None"):
+        DataConfig(train_prefix="x", train_tag="<2de>", extra_train=[{"prefix": "y", "tgt_lang": "fr"}])
+    with pytest.raises(ConfigError, match="give it tag: <2de>"):
+        DataConfig(train_prefix="x", train_tag="<2de>", extra_train=[{"prefix": "y", "tag": "<BT>"}])
