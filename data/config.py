@@ -45,6 +45,7 @@ class ExtraCorpus:
     tag: Optional[str] = None
     src_lang: Optional[str] = None
     tgt_lang: Optional[str] = None
+    valid_prefix: Optional[str] = path_field(READ_PREFIX)  # its own validation pairs (multilingual: per pair)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,6 +138,12 @@ class DataConfig:
     def mixes_corpora(self) -> bool:
         """Whether the training set is more than the main corpus taken once."""
         return bool(self.extra_train) or self.train_weight != 1 or self.train_tag is not None
+
+    def pair(self, corpus: ExtraCorpus | None = None) -> tuple[str, str]:
+        """The (source, target) languages of the main corpus (None) or of an extra one."""
+        if corpus is None:
+            return self.src_lang, self.tgt_lang
+        return corpus.src_lang or self.src_lang, corpus.tgt_lang or self.tgt_lang
 
     @property
     def tags(self) -> list[str]:

@@ -76,6 +76,15 @@ class Prepared:
     def test(self) -> Split:
         return self._split("test")
 
+    def valid_sets(self, settings: DataConfig) -> dict[tuple[str, str], Split]:
+        """The validation sets by (source, target) language: the main pair's, then each extra corpus's that has a
+        valid_prefix (a multilingual run validates every pair)."""
+        sets = {settings.pair(): self.valid}
+        for i, extra in enumerate(settings.extra_train, start=1):
+            if f"valid+{i}" in self.splits:
+                sets.setdefault(settings.pair(extra), self.splits[f"valid+{i}"])
+        return sets
+
     def _split(self, name: str) -> Split:
         if name not in self.splits:
             raise ValueError(f"the {name} split was not prepared (splits={tuple(self.splits)})")
@@ -99,9 +108,10 @@ def data_config(cfg: DataConfig | Mapping) -> DataConfig:
 def source(cfg: DataConfig, split: str) -> corpus.Source:
     """Where `split` ("train", "valid" or "test") is read from: the hub dataset's split, or <prefix>.<lang>;
     "train+<i>" is the extra training corpus `data.extra_train[i - 1]`."""
-    if split.startswith("train+"):
+    if split.startswith(("train+", "valid+")):
         extra = cfg.extra_train[int(split[6:]) - 1]
-        return corpus.text_source(extra.prefix, extra.src_lang or cfg.src_lang, extra.tgt_lang or cfg.tgt_lang)
+        prefix = extra.prefix if split.startswith("train+") else extra.valid_prefix
+        return corpus.text_source(prefix, extra.src_lang or cfg.src_lang, extra.tgt_lang or cfg.tgt_lang)
     if cfg.dataset:
         return corpus.HubSource(name=cfg.dataset, subset=cfg.subset, split=getattr(cfg, f"{split}_split"),
                                 src_lang=cfg.src_lang, tgt_lang=cfg.tgt_lang, revision=cfg.revision)
@@ -172,7 +182,8 @@ def prepare(
         encoded = lambda split: _split(settings, split, vocab, cache_dir=cache_dir, hashes=hashes,  # noqa: E731
                                        load_clean=load_clean, log=log)
         out = {}
-        for split in splits:
+        extra_valid = [f"valid+{i}" for i, c in enumerate(settings.extra_train, start=1) if c.valid_prefix]
+        for split in [*splits, *(extra_valid if "valid" in splits else [])]:
             if split == "train" and settings.mixes_corpora:
                 out[split] = _mixed_training_set(settings, vocab, encoded, cache_dir=cache_dir, seed=seed, log=log)
             else:
@@ -311,8 +322,11 @@ def _encoded_split(settings: DataConfig, split: str, vocab: Vocab, *, cache_dir:
     """The split from its cache entry, or loaded, cleaned and encoded into a new one."""
     corpus_id = corpus.identity(source(settings, split), hashes)
     keep_text = split != "train"
-    # A multilingual run's validation and test pairs are its main pair's: their sources lead with its tag.
-    tag_id = _tag_id(vocab, settings.train_tag, "train") if split in ("valid", "test") else None
+    # A multilingual run's validation and test pairs lead with their pair's tag (the main pair's, or valid+i's
+    # corpus's).
+    tag = (settings.extra_train[int(split[6:]) - 1].tag if split.startswith("valid+")
+           else settings.train_tag if split in ("valid", "test") else None)
+    tag_id = _tag_id(vocab, tag, "train" if split in ("valid", "test") else f"train+{split[6:]}") if tag else None
     key = {"format": CACHE_FORMAT, "corpus": corpus_id, "langs": [settings.src_lang, settings.tgt_lang],
            "clean": cleaning(settings, split), "vocab": vocab.sha256, "keep_text": keep_text}
     if tag_id is not None:

@@ -27,10 +27,16 @@ def multilingual_run(corpus, tmp_path_factory):
     prefix.with_suffix(".en").write_text("".join(line + "\n" for line in english), encoding="utf-8")
     prefix.with_suffix(".fr").write_text("".join(" ".join(w[::-1] for w in line.split()) + "\n" for line in english),
                                          encoding="utf-8")
+    valid = root / "fr" / "valid"
+    for lang in ("en", "fr"):
+        valid.with_suffix(f".{lang}").write_text(prefix.with_suffix(f".{lang}").read_text(encoding="utf-8")
+                                                 .split("\n", 12)[12], encoding="utf-8")  # lines 13-60
     run_dir = root / "run"
     run(corpus, run_dir, {"data.spm_model": "null", "data.train_tag": '"<2de>"', "data.temperature": 2,
-                          "data.extra_train": f'[{{prefix: {prefix}, src_lang: en, tgt_lang: fr, tag: "<2fr>"}}]',
-                          "train.max_steps": 3})
+                          "data.extra_train": f'[{{prefix: {prefix}, src_lang: en, tgt_lang: fr, tag: "<2fr>", '
+                                              f'valid_prefix: {valid}}}]',
+                          "train.max_steps": 3, "train.valid_every_steps": 3, "train.valid_bleu_lines": 4,
+                          "train.best_metric": "bleu"})
     return run_dir
 
 
@@ -62,7 +68,7 @@ def test_a_multilingual_model_needs_its_target_language_and_puts_its_tag_first(m
         assert sorted(row[1:] for row in seen) == sorted(translator.vocab.encode(["a b c", "d e"]))
 
 
-def test_the_validation_sources_of_a_multilingual_run_lead_with_the_main_pairs_tag(multilingual_run):
+def test_the_validation_sources_of_a_multilingual_run_lead_with_their_pairs_tag(multilingual_run):
     from data.pipeline import prepare
     from omegaconf import OmegaConf
 
@@ -74,6 +80,20 @@ def test_the_validation_sources_of_a_multilingual_run_lead_with_the_main_pairs_t
     assert all(ids[0] == tag for ids in valid["src_ids"])
     assert valid["src_ids"][0][1:] == prepared.vocab.encode([valid["src"][0]])[0]
     assert valid["src_len"][0] == len(valid["src_ids"][0])
+    french = prepared.splits["valid+1"].dataset  # the EN→FR corpus's own validation pairs, led by <2fr>
+    assert len(french) == 48 and all(ids[0] == prepared.vocab.piece_id("<2fr>") for ids in french["src_ids"])
+    assert list(prepared.valid_sets(DataConfig(**data))) == [("en", "de"), ("en", "fr")]
+
+
+def test_each_pair_is_validated_and_the_run_keeps_the_best_of_their_mean(multilingual_run):
+    """valid/en-de/* and valid/en-fr/* in TensorBoard, each pair's sources led by its own tag; valid/* is their
+    mean, which best.pt follows (train.best_metric)."""
+    from helpers import tensorboard_scalars
+
+    for key in ("bleu", "nll"):  # after 3 updates BLEU is 0 for both; the NLLs differ
+        de, fr = (tensorboard_scalars(multilingual_run, f"valid/{pair}/{key}")[3] for pair in ("en-de", "en-fr"))
+        assert tensorboard_scalars(multilingual_run, f"valid/{key}")[3] == pytest.approx((de + fr) / 2)
+    assert de != fr
 
 
 def test_a_model_of_one_pair_takes_its_own_target_language_or_none(corpus, tmp_path):

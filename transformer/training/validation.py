@@ -49,29 +49,51 @@ def keep_best(run: Run, metrics: dict[str, float]) -> None:
 def run_metrics(run: Run) -> dict[str, float]:
     """A training run's validation: loss, NLL and perplexity of the validation split (all ranks) and BLEU of its
     first `train.valid_bleu_lines` lines (rank 0), logged and written to TensorBoard with sample translations
-    and one sentence's attention."""
-    t, valid, state = run.job.train, run.data.valid.dataset, run.state
+    and one sentence's attention. A multilingual run with several validation sets (data.extra_train[i].
+    valid_prefix) measures each pair, logged and written as valid/<pair>/<measure>; its measures are then their
+    means, which train.best_metric reads."""
+    sets = run.data.valid_sets(run.job.data)
+    by_pair = {f"{src}-{tgt}": pair_metrics(run, split.dataset, lang=tgt, samples=i == 0)
+               for i, ((src, tgt), split) in enumerate(sets.items())}
+    metrics = next(iter(by_pair.values()))
+    if len(by_pair) > 1:
+        metrics = {key: sum(m[key] for m in by_pair.values()) / len(by_pair) for key in metrics}
+        for pair, measures in by_pair.items():
+            log.info("validation at update %d | %s | %s", run.state.step, pair,
+                     " | ".join(f"{k} {v:.3f}" for k, v in measures.items()))
+            for key, value in measures.items() if run.writer else ():
+                run.writer.add_scalar(f"valid/{pair}/{key}", value, run.state.step)
+    log.info("validation at update %d | %s%s", run.state.step, " | ".join(f"{k} {v:.3f}" for k, v in metrics.items()),
+             f" (the mean of {len(by_pair)} pairs)" if len(by_pair) > 1 else "")
+    for key, value in metrics.items() if run.writer else ():
+        run.writer.add_scalar(f"valid/{key}", value, run.state.step)
+    if run.writer is not None:  # one forward pass of one sentence, rank 0
+        valid = next(iter(sets.values())).dataset
+        head = valid.select(range(min(100, len(valid))))
+        figure = validation_attention_figure(run.model, run.data.vocab, head["src_ids"], head["tgt_ids"],
+                                             step=run.state.step)
+        if figure is not None:
+            run.writer.add_figure("valid/attention", figure, run.state.step, close=False)
+    return metrics
+
+
+def pair_metrics(run: Run, valid, *, lang: str, samples: bool) -> dict[str, float]:
+    """Loss, NLL and perplexity of one validation set (all ranks), and BLEU of its first lines into `lang`
+    (rank 0; with `samples`, a few translations to TensorBoard)."""
+    t, state = run.job.train, run.state
     metrics = corpus_nll(run.model, valid["src_ids"], valid["tgt_ids"], max_tokens=t.max_tokens, device=run.device,
                          label_smoothing=t.label_smoothing, autocast=run.autocast, rank=run.dist.rank,
                          world_size=run.dist.world_size)
     if t.valid_bleu_lines > 0 and run.dist.is_main:
         rows, decoding = valid.select(range(min(t.valid_bleu_lines, len(valid)))), time.monotonic()
         scores, texts = split_bleu(run.model, run.data.vocab, rows["src_ids"], rows["tgt"], run.job.decode,
-                                   lang=run.job.data.tgt_lang, device=run.device)
+                                   lang=lang, device=run.device)
         metrics["bleu"] = next(s.score for s in scores if s.name == "BLEU")
         run.budget.decode_line = (time.monotonic() - decoding) / len(rows)
-        samples = zip(rows["src"][: t.num_samples], texts, rows["tgt"][: t.num_samples])
-        run.writer.add_text("valid/samples", "\n\n".join(f"src: {s}  \nhyp: {h}  \nref: {r}"
-                                                         for s, h, r in samples), state.step)
-    log.info("validation at update %d | %s", state.step, " | ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
-    for key, value in metrics.items() if run.writer else ():
-        run.writer.add_scalar(f"valid/{key}", value, state.step)
-    if run.writer is not None:  # one forward pass of one sentence, rank 0
-        head = run.data.valid.dataset.select(range(min(100, len(run.data.valid.dataset))))
-        figure = validation_attention_figure(run.model, run.data.vocab, head["src_ids"], head["tgt_ids"],
-                                             step=state.step)
-        if figure is not None:
-            run.writer.add_figure("valid/attention", figure, state.step, close=False)
+        if samples and run.writer is not None:
+            pairs = zip(rows["src"][: t.num_samples], texts, rows["tgt"][: t.num_samples])
+            run.writer.add_text("valid/samples", "\n\n".join(f"src: {s}  \nhyp: {h}  \nref: {r}"
+                                                              for s, h, r in pairs), state.step)
     return metrics
 
 
