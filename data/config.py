@@ -57,7 +57,8 @@ class DataConfig:
     vocab_size: Optional[int] = 37000
     # null: train a shared SentencePiece BPE model (stored in run_dir)
     spm_model: Optional[str] = path_field(READ_FILE, hint="or data.spm_model=null to train one")
-    vocab: str = "keep"  # with init_from: keep (the checkpoint's) | transfer (a new one; docs/FINETUNING.md)
+    vocab: str = "keep"  # with init_from: keep (the checkpoint's) | transfer (a new one) | extend (docs/FINETUNING.md)
+    extend_pieces: int = 8000  # data.vocab=extend: the most pieces added (learned on the new corpus, vocab_size of them)
     dataset: Optional[str] = None  # HF hub name or a local directory in its layout; or train_prefix
     subset: Optional[str] = None
     revision: Optional[str] = None  # a hub dataset's git revision (a commit hash pins its content); null: the newest
@@ -124,8 +125,10 @@ class DataConfig:
         require(self.vocab_size is None or self.vocab_size >= 300,
                 f"data.vocab_size must be an integer >= 300 (256 byte pieces + specials + characters) or null, "
                 f"got {self.vocab_size!r}")
-        one_of("data.vocab", self.vocab, ("keep", "transfer"),
-               " (keep: the init_from checkpoint's vocabulary; transfer: a new one, see docs/FINETUNING.md)")
+        one_of("data.vocab", self.vocab, ("keep", "transfer", "extend"),
+               " (keep: the init_from checkpoint's vocabulary; transfer: a new one; extend: the checkpoint's with "
+               "pieces of the new corpus added; see docs/FINETUNING.md)")
+        require(self.extend_pieces >= 0, f"data.extend_pieces={self.extend_pieces} must be a number >= 0")
         require(self.generate in (None, "synthetic"), f"data.generate={self.generate} is not one of null, synthetic")
         require(self.max_len is None or self.max_len >= 1, f"data.max_len must be an integer >= 1 or null, "
                                                             f"got {self.max_len!r}")

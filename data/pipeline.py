@@ -37,7 +37,7 @@ from data.corpus import CleanReport
 from data.config import DataConfig, temperature_weights
 from data.errors import ConfigError, DataError
 from data.files import atomic_write
-from data.vocab import Vocab, load_vocab, train_vocab
+from data.vocab import Vocab, extend_vocab, load_vocab, train_vocab
 
 SPLITS = ("train", "valid", "test")
 CACHE_FORMAT = 1
@@ -144,11 +144,13 @@ def prepare(
     seed: int,
     log: Callable[[str], None] = _log.info,
     vocab: Vocab | None = None,
+    extend: Vocab | None = None,
 ) -> Prepared:
     """The vocabulary and the encoded `splits` (names from "train", "valid", "test").
 
     `vocab`, when given (e.g. the one a checkpoint carries for fine-tuning), is used instead of training
-    or loading one. Safe to call from several processes at once (a file lock serialises them: call it
+    or loading one. `extend` (data.vocab=extend): the checkpoint's vocabulary, which the run's vocabulary extends
+    with pieces learned on the corpus (`data.vocab.extend_vocab`). Safe to call from several processes at once (a file lock serialises them: call it
     on every rank, the first one prepares, the others load).
     """
     settings = data_config(data_cfg)
@@ -178,7 +180,8 @@ def prepare(
                 cleaned[split] = ds, report
             return cleaned[split]
 
-        vocab, vocab_path = _resolve_vocab(settings, run_dir, vocab, load_clean=load_clean, seed=seed, log=log)
+        vocab, vocab_path = _resolve_vocab(settings, run_dir, vocab, load_clean=load_clean, seed=seed, log=log,
+                                           extend=extend)
         encoded = lambda split: _split(settings, split, vocab, cache_dir=cache_dir, hashes=hashes,  # noqa: E731
                                        load_clean=load_clean, log=log)
         out = {}
@@ -260,8 +263,9 @@ def _tag_id(vocab: Vocab, tag: str | None, split: str) -> int | None:
 
 # ------------------------------------------------------------------------------------------ vocabulary
 def _resolve_vocab(settings: DataConfig, run_dir: Path, given: Vocab | None, *, load_clean, seed: int,
-                   log) -> tuple[Vocab, Path]:
-    """The run's vocabulary: given > data.spm_model > run_dir/spm.model > trained (then stored there)."""
+                   log, extend: Vocab | None = None) -> tuple[Vocab, Path]:
+    """The run's vocabulary: given > data.spm_model > run_dir/spm.model > trained (then stored there; with
+    `extend`, the pieces it has that `extend` lacks are added to `extend`)."""
     path = run_dir / VOCAB_FILE
     stored = load_vocab(path) if path.is_file() else None
     if given is not None:
@@ -295,8 +299,13 @@ def _resolve_vocab(settings: DataConfig, run_dir: Path, given: Vocab | None, *, 
         log(f"data: training a {settings.vocab_size}-piece BPE vocabulary on {total} sentences "
             f"(sampled from {len(train)} pairs, both sides){reserved}")
         start = time.monotonic()
-        vocab = train_vocab(sentences, path, settings.vocab_size, num_threads=settings.num_workers, total=total,
-                            reserved=settings.tags, lowercase=settings.lowercase)
+        vocab = train_vocab(sentences, None if extend else path, settings.vocab_size, num_threads=settings.num_workers,
+                            total=total, reserved=settings.tags, lowercase=settings.lowercase)
+        if extend is not None:
+            vocab, added = extend_vocab(extend, vocab, limit=settings.extend_pieces, reserved=settings.tags)
+            vocab.save(path)
+            log(f"data: data.vocab=extend: the checkpoint's {extend.size} pieces and {added} of the "
+                f"{settings.vocab_size} learned on this corpus (data.extend_pieces={settings.extend_pieces})")
         log(f"data: vocabulary: {path} ({vocab.size} pieces, {time.monotonic() - start:.1f} s)")
         return vocab, path
     if stored is not None and stored.sha256 != vocab.sha256:

@@ -301,9 +301,9 @@ class TrainJob:
     distill: DistillConfig = field(default_factory=DistillConfig)
 
     def __post_init__(self) -> None:
-        require(self.data.vocab != "transfer" or bool(self.init_from),
-                "data.vocab=transfer needs init_from=<checkpoint or run_dir>: the model whose embeddings are "
-                "carried over")
+        require(self.data.vocab == "keep" or bool(self.init_from),
+                f"data.vocab={self.data.vocab} needs init_from=<checkpoint or run_dir>: the model whose embeddings "
+                "are carried over")
         deepest = max(self.model.encoder_layers, self.model.decoder_layers)
         top = self.train.train_top_layers
         require(top is None or 0 <= top <= deepest,

@@ -55,12 +55,19 @@ def set_up(model: Transformer, init: dict | None, *, init_from: str | None, voca
         if vocab_mode != "keep":
             old = load_vocab(ckpt.spm_bytes(init))
             if not (isinstance(old, Vocab) and isinstance(vocab, Vocab)):
-                raise ConfigError(f"data.vocab=transfer matches pieces between two SentencePiece vocabularies of "
+                raise ConfigError(f"data.vocab={vocab_mode} matches pieces between two SentencePiece vocabularies of "
                                   f"this framework, but init_from={init_from} or the run has a Marian vocabulary: "
                                   "use data.vocab=keep")
             pieces = {"old_pieces": old.pieces(range(old.size)), "new_pieces": vocab.pieces(range(vocab.size))}
         transfer = load_pretrained(model, init["model"], source=f"init_from={init_from}", **pieces)
-        log.info("initialised from %s%s", init_from, f"; data.vocab=transfer: {transfer.summary()}" if transfer else "")
+        if vocab_mode == "extend":
+            added = extend_embedding(model, init["model"][EMBEDDING], old=old, new=vocab)
+            log.info("initialised from %s; data.vocab=extend: every one of its %d pieces keeps its id and row, and "
+                     "%d new rows start as the mean of the rows of the old pieces that spell them", init_from,
+                     old.size, added)
+        else:
+            log.info("initialised from %s%s", init_from,
+                     f"; data.vocab=transfer: {transfer.summary()}" if transfer else "")
     frozen = freeze(model, parts=freeze_parts, train_top_layers=train_top_layers)
     if frozen:
         log.info("%s", describe_frozen(model, frozen))
@@ -234,6 +241,22 @@ def load_pretrained(model: Transformer, init: Mapping[str, Tensor], *, source: s
         rows = old_embedding[torch.tensor(old_ids)].to(device=embedding.device, dtype=embedding.dtype)
         embedding[torch.tensor(new_ids, device=embedding.device)] = rows  # [N_shared, D] rows
     return Transfer(carried=len(new_ids), total=len(new_pieces), old_total=len(old_pieces))
+
+
+def extend_embedding(model: Transformer, old_embedding: Tensor, *, old: Vocab, new: Vocab) -> int:
+    """data.vocab=extend: the rows of the pieces `new` appends to `old` (ids old.size ...), each the mean of the
+    old rows of the pieces `old` spells its text with (a word-initial piece "▁hund" as the word "hund"); the
+    old rows are `load_pretrained`'s copy, bit for bit. Returns the number of new rows."""
+    if new.pieces(range(old.size)) != old.pieces(range(old.size)):
+        raise CheckpointError("data.vocab=extend: the run's vocabulary does not begin with the checkpoint's pieces "
+                              "in their order; delete run_dir/spm.model to extend again")
+    embedding = model.state_dict()[EMBEDDING]
+    texts = [piece.replace("▁", " ").strip() or piece for piece in new.pieces(range(old.size, new.size))]
+    with torch.no_grad():
+        for row, ids in zip(range(old.size, new.size), old.encode(texts)):
+            if ids:
+                embedding[row] = old_embedding[torch.tensor(ids)].mean(0).to(embedding.dtype)
+    return new.size - old.size
 
 
 def _names(items: list[str], limit: int = 4) -> str:

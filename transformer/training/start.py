@@ -94,6 +94,7 @@ class Start:
     resume_path: Path | None = None
     init: dict | None = None
     vocab: Vocab | MarianVocab | None = None
+    extend: Vocab | None = None  # data.vocab=extend: init_from's vocabulary, which the run's extends
 
 
 def resume_or_initialise(job: TrainJob, run_dir: Path) -> Start:
@@ -127,6 +128,8 @@ def resume_or_initialise(job: TrainJob, run_dir: Path) -> Start:
         raise ConfigError(f"init_from={job.init_from} has another architecture ({'; '.join(diffs)}): "
                           "drop those model.* overrides (the checkpoint's architecture is used without them)")
     start = Start(init=init)
+    if job.data.vocab == "extend":
+        start.extend = load_vocab(ckpt.spm_bytes(init))
     if job.data.vocab == "keep":
         start.vocab = load_vocab(ckpt.spm_bytes(init))
         if job.data.spm_model and load_vocab(job.data.spm_model).sha256 != start.vocab.sha256:
@@ -144,7 +147,7 @@ def prepare_data(job: TrainJob, run_dir: Path, start: Start, *, is_main: bool) -
         write_corpus(Path(job.data.train_prefix).parent, seed=job.seed)
     distributed.barrier()
     splits = ("train", "valid", "test") if job.train.test_at_end else ("train", "valid")
-    data = prepare(job.data, run_dir, seed=job.seed, splits=splits, vocab=start.vocab)
+    data = prepare(job.data, run_dir, seed=job.seed, splits=splits, vocab=start.vocab, extend=start.extend)
     if start.init is not None and job.data.vocab == "keep" and is_main:
         sample = data.train.dataset.select(range(min(20000, len(data.train.dataset))))
         finetune.warn_if_poorly_covered(data.vocab, {"source": sample["src_ids"], "target": sample["tgt_ids"]},
