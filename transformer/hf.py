@@ -16,6 +16,7 @@ import logging
 import sys
 from pathlib import Path
 
+from data.config import language_tags
 from data.errors import ConfigError, DataError, one_line
 from data.paths import READ, WRITE_DIR, check_input, check_output_dir
 from transformer import checkpoint as ckpt
@@ -89,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise InteropError("--quantization applies to the CTranslate2 model: give --ctranslate2 DIR too")
             model, vocab, state = load_model(args.checkpoint)
             data = (state.get("config") or {}).get("data") or {}
+            if language_tags(data):
+                raise InteropError(f"{args.checkpoint} is a multilingual model (into {', '.join(language_tags(data))}): "
+                                   "MarianTokenizer and CTranslate2 would not put its target-language tag first, "
+                                   "so its exports would translate wrongly; translate it with translate.py tgt_lang=")
             out = export_marian(model, vocab, args.out_dir, src_lang=data.get("src_lang"),
                                 tgt_lang=data.get("tgt_lang"))
             print(f"wrote {out} (MarianMTModel, MarianTokenizer)")

@@ -36,7 +36,8 @@ def multilingual_run(corpus, tmp_path_factory):
                           "data.extra_train": f'[{{prefix: {prefix}, src_lang: en, tgt_lang: fr, tag: "<2fr>", '
                                               f'valid_prefix: {valid}}}]',
                           "train.max_steps": 3, "train.valid_every_steps": 3, "train.valid_bleu_lines": 4,
-                          "train.best_metric": "bleu"})
+                          "train.best_metric": "bleu", "data.test_prefix": corpus.prefixes["valid"],
+                          "train.test_at_end": "true"})
     return run_dir
 
 
@@ -85,6 +86,24 @@ def test_the_validation_sources_of_a_multilingual_run_lead_with_their_pairs_tag(
     assert list(prepared.valid_sets(DataConfig(**data))) == [("en", "de"), ("en", "fr")]
 
 
+def test_the_end_of_training_test_translation_puts_the_main_pairs_tag_first(multilingual_run, corpus, monkeypatch):
+    """train.test_at_end decodes the test split with the main pair's tag first (as evaluate.py tgt_lang=de): a
+    second run of the fixture's command, one update further, with the search watched."""
+    from omegaconf import OmegaConf
+
+    seen = sources_searched(monkeypatch)
+    data = OmegaConf.load(multilingual_run / "config.yaml").data
+    extra = data.extra_train[0]
+    run(corpus, multilingual_run, {"data.spm_model": "null", "data.train_tag": '"<2de>"', "data.temperature": 2,
+                                   "data.extra_train": f'[{{prefix: {extra.prefix}, src_lang: en, tgt_lang: fr, '
+                                                       f'tag: "<2fr>", valid_prefix: {extra.valid_prefix}}}]',
+                                   "train.max_steps": 4, "train.valid_every_steps": 3, "train.valid_bleu_lines": 4,
+                                   "train.best_metric": "bleu", "data.test_prefix": corpus.prefixes["valid"],
+                                   "train.test_at_end": "true"})
+    tag = Translator.load(multilingual_run, "cpu", tgt_lang="de").source_prefix[0]
+    assert len(seen) == 16 and all(ids[0] == tag for ids in seen)  # the test split: the corpus's 16 valid pairs
+
+
 def test_each_pair_is_validated_and_the_run_keeps_the_best_of_their_mean(multilingual_run):
     """valid/en-de/* and valid/en-fr/* in TensorBoard, each pair's sources led by its own tag; valid/* is their
     mean, which best.pt follows (train.best_metric)."""
@@ -94,6 +113,14 @@ def test_each_pair_is_validated_and_the_run_keeps_the_best_of_their_mean(multili
         de, fr = (tensorboard_scalars(multilingual_run, f"valid/{pair}/{key}")[3] for pair in ("en-de", "en-fr"))
         assert tensorboard_scalars(multilingual_run, f"valid/{key}")[3] == pytest.approx((de + fr) / 2)
     assert de != fr
+
+
+def test_a_multilingual_model_is_not_exported_where_its_tag_would_be_lost(multilingual_run, tmp_path, capsys):
+    from transformer import hf
+
+    assert hf.main(["export", str(multilingual_run), str(tmp_path / "exported")]) == 2
+    assert "is a multilingual model (into de, fr)" in capsys.readouterr().err
+    assert not (tmp_path / "exported").exists()
 
 
 def test_a_model_of_one_pair_takes_its_own_target_language_or_none(corpus, tmp_path):

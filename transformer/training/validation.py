@@ -103,8 +103,10 @@ def score_test_split(run: Run) -> None:
     job, test = run.job, run.data.test.dataset
     log.info("translating the %d test sentences with beam %d", len(test), job.decode.beam)
     # Text in, text out, as evaluate.py translates: the same checkpoint gives the same hypotheses there.
+    tag = [run.data.vocab.piece_id(job.data.train_tag)] if job.data.train_tag else []  # a multilingual run's
     translator = Translator(model=run.model.eval(), vocab=run.data.vocab, decode=job.decode,
-                            src_lang=job.data.src_lang, tgt_lang=job.data.tgt_lang, device=run.device, checkpoints=[])
+                            src_lang=job.data.src_lang, tgt_lang=job.data.tgt_lang, device=run.device, checkpoints=[],
+                            source_prefix=tag)
     deadline = run.budget.deadline(job.train.max_time) if job.train.max_time else None
     try:
         texts = translator.translate(test["src"], deadline=deadline)
