@@ -4,8 +4,11 @@ chunks written, and one killed while training never translates again."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+import evaluate
 from data.errors import ConfigError, DataError
 from helpers import run, train_main
 from transformer.decoding.translation import Translator
@@ -57,6 +60,11 @@ def test_the_student_trains_on_the_teachers_translations_line_for_line(corpus, t
     expected = Translator.load(teacher, "cpu").translate(sources)
     assert distilled == expected
     assert first["step"] == 3
+    # step c: the student scored as any model is (its end-of-pipeline evaluation)
+    valid = corpus.prefixes["valid"]
+    assert evaluate.main([f"checkpoint={student}", f"src={valid.with_suffix('.en')}", f"ref={valid.with_suffix('.de')}",
+                          "decode.max_len_b=5"]) == 0
+    assert "BLEU" in json.loads((student / "eval" / "valid" / "scores.json").read_text())["scores"]
     seen.clear()
     again = run(corpus, student, {**KEEP_ALL, "distill.teacher": teacher, "model.encoder_layers": 2, "train.max_steps": 5})
     assert again["step"] == 5 and seen == []
