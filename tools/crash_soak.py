@@ -2,7 +2,7 @@
 checkpoint is ever unreadable and that the final weights are bit-identical to an uninterrupted run.
 
     python tools/crash_soak.py --kills 20                  # the documented soak (docs/RELIABILITY.md)
-    python tools/crash_soak.py --kills 8 --json out.json   # what tests/training/test_reliability.py runs in CI
+    python tools/crash_soak.py --kills 12 --json out.json  # what tests/training/test_reliability.py runs in CI
 
 Kills alternate between random moments (a SIGKILL from this process after a random delay: start-up, a
 forward pass, the middle of a checkpoint write, ...) and the named points inside checkpoint writes that

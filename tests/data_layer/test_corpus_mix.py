@@ -92,7 +92,7 @@ def test_a_run_on_several_corpora_resumes_bit_identically_and_records_them(corpu
     assert whole["data_state"]["data"].startswith("train-mix-")
     data = whole["config"]["data"]
     assert data["extra_train"] == [{"prefix": str(extra_corpus), "weight": 2, "tag": "<BT>", "src_lang": None,
-                                   "tgt_lang": None}]
+                                   "tgt_lang": None, "valid_prefix": None}]
     assert load_vocab(ckpt.spm_bytes(whole)).piece_id("<BT>") is not None  # the checkpoint carries the tag
 
 

@@ -46,11 +46,16 @@ def schema_path_keys(cls, prefix: str = "") -> typing.Iterator[tuple[str, str]]:
             yield f"{prefix}{f.name}", f.metadata["path"]
 
 
-def override(key: str, value) -> str:
-    if "[0]." in key:  # data.extra_train[0].prefix
-        head, field = key.split("[0].")
-        return f"{head}=[{{{field}:'{value}'}}]"
-    return f"{key}='{value}'"
+def overrides(values: dict) -> list[str]:
+    """key=value overrides; the fields of a list's first element (data.extra_train[0].prefix, ...valid_prefix)
+    together as one element."""
+    plain = [f"{key}='{value}'" for key, value in values.items() if "[0]." not in key]
+    elements: dict[str, list[str]] = {}
+    for key, value in values.items():
+        if "[0]." in key:
+            head, field = key.split("[0].")
+            elements.setdefault(head, []).append(f"{field}:'{value}'")
+    return plain + [f"{head}=[{{{', '.join(fields)}}}]" for head, fields in elements.items()]
 
 
 class Baseline:
@@ -83,7 +88,7 @@ class Baseline:
                             "data.tgt_lang=de"],
                  "translate": ["device=cpu", "quiet=true"], "evaluate": ["device=cpu", "lang=de"]}[self.job]
         values = {**self.values, **changed}
-        return [*fixed, *(override(k, v) for k, v in values.items())]
+        return [*fixed, *overrides(values)]
 
     def first_input(self) -> tuple[str, Path]:
         key = next(k for k, role in self.keys.items() if role in (paths.READ_FILE, paths.READ))
