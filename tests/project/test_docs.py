@@ -53,6 +53,8 @@ SKIPPED = {
     "python tools/wheelhouse.py": "downloads from a package index (minutes); tests/project/test_wheelhouse.py checks "
                                   "its refusals offline, tools/gpu_node/rehearse.sh runs it and the offline install",
     "python tests/project/test_bad_inputs.py": "prints the bad-input table; pytest runs the same cases",
+    "python tools/recipe_sweep.py": "trains each candidate for its wall-clock budget (2 hours in docs/RESULTS.md); "
+                                    "the suite does not run it; the options it sweeps are tested in tests/core and tests/data_layer",
     "python tools/table3_small.py": "trains a sweep of Table 3 rows on Multi30k (~1.5 h on one thread); "
                                     "tests/evaluation/test_table3.py composes every row's scaled overrides",
     "torchrun --nnodes 2": "a fragment of docs/RELIABILITY.md's two-node commands, which are composed in full",
