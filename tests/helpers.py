@@ -128,6 +128,17 @@ def run(corpus: Corpus, run_dir: Path, changes: dict | None = None) -> dict:
     return ckpt.load(ckpt.last_path(run_dir))
 
 
+def write_made_up_french(corpus: Corpus, prefix: Path, lines: int = 60) -> Path:
+    """A corpus of another pair at `prefix`: the first `lines` English sentences of the generated training corpus
+    with a made-up French side (each word reversed), as <prefix>.en and <prefix>.fr."""
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    english = corpus.prefixes["train"].with_suffix(".en").read_text(encoding="utf-8").splitlines()[:lines]
+    prefix.with_suffix(".en").write_text("".join(line + "\n" for line in english), encoding="utf-8")
+    prefix.with_suffix(".fr").write_text("".join(" ".join(w[::-1] for w in line.split()) + "\n" for line in english),
+                                         encoding="utf-8")
+    return prefix
+
+
 class FakeClock:
     """A time.monotonic() that stands still until the run does work: each update, validation and checkpoint
     write moves it on by a fixed number of seconds (`costs`). A train.max_time run on it decides as it would on

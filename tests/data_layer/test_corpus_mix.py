@@ -9,7 +9,7 @@ import pytest
 from data.errors import DataError
 from data.pipeline import prepare
 from data.vocab import load_vocab
-from helpers import PIECES, assert_training_states_equal, run, train_main
+from helpers import PIECES, assert_training_states_equal, run, train_main, write_made_up_french
 from transformer import checkpoint as ckpt
 
 
@@ -118,13 +118,7 @@ def test_weighted_rows_are_whole_copies_then_a_seeded_draw():
 def french_corpus(corpus, tmp_path):
     """A corpus of another pair: 60 of the training corpus's English sentences with a made-up French side
     (each word reversed), as <prefix>.en and <prefix>.fr."""
-    prefix = tmp_path / "fr" / "train"
-    prefix.parent.mkdir()
-    english = corpus.prefixes["train"].with_suffix(".en").read_text(encoding="utf-8").splitlines()[:60]
-    prefix.with_suffix(".en").write_text("".join(line + "\n" for line in english), encoding="utf-8")
-    prefix.with_suffix(".fr").write_text("".join(" ".join(w[::-1] for w in line.split()) + "\n" for line in english),
-                                         encoding="utf-8")
-    return prefix
+    return write_made_up_french(corpus, tmp_path / "fr" / "train")
 
 
 def test_several_language_pairs_each_led_by_its_target_languages_tag_and_mixed_by_temperature(corpus, french_corpus,

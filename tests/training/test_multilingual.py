@@ -8,7 +8,7 @@ import pytest
 
 from data.config import DataConfig, language_tags
 from data.errors import ConfigError
-from helpers import run
+from helpers import run, write_made_up_french
 from transformer import search
 from transformer.decoding import translation
 from transformer.decoding.translation import Translator
@@ -21,24 +21,24 @@ def multilingual_run(corpus, tmp_path_factory):
     """A tiny EN→{DE, FR} model of 3 updates: the generated corpus tagged <2de>, and 60 of its English sentences
     with a made-up French side (each word reversed) tagged <2fr>."""
     root = tmp_path_factory.mktemp("multilingual")
-    prefix = root / "fr" / "train"
-    prefix.parent.mkdir()
-    english = corpus.prefixes["train"].with_suffix(".en").read_text(encoding="utf-8").splitlines()[:60]
-    prefix.with_suffix(".en").write_text("".join(line + "\n" for line in english), encoding="utf-8")
-    prefix.with_suffix(".fr").write_text("".join(" ".join(w[::-1] for w in line.split()) + "\n" for line in english),
-                                         encoding="utf-8")
+    prefix = write_made_up_french(corpus, root / "fr" / "train")
     valid = root / "fr" / "valid"
     for lang in ("en", "fr"):
         valid.with_suffix(f".{lang}").write_text(prefix.with_suffix(f".{lang}").read_text(encoding="utf-8")
                                                  .split("\n", 12)[12], encoding="utf-8")  # lines 13-60
     run_dir = root / "run"
-    run(corpus, run_dir, {"data.spm_model": "null", "data.train_tag": '"<2de>"', "data.temperature": 2,
-                          "data.extra_train": f'[{{prefix: {prefix}, src_lang: en, tgt_lang: fr, tag: "<2fr>", '
-                                              f'valid_prefix: {valid}}}]',
-                          "train.max_steps": 3, "train.valid_every_steps": 3, "train.valid_bleu_lines": 4,
-                          "train.best_metric": "bleu", "data.test_prefix": corpus.prefixes["valid"],
-                          "train.test_at_end": "true"})
+    run(corpus, run_dir, multilingual_changes(corpus, prefix, valid, steps=3))
     return run_dir
+
+
+def multilingual_changes(corpus, french, valid, *, steps: int) -> dict:
+    """The fixture's run: EN→DE tagged <2de>, the French corpus tagged <2fr> with its validation pairs, BLEU
+    validation at update 3, the test split (the corpus's 16 validation pairs) translated at the end."""
+    return {"data.spm_model": "null", "data.train_tag": '"<2de>"', "data.temperature": 2,
+            "data.extra_train": f'[{{prefix: {french}, src_lang: en, tgt_lang: fr, tag: "<2fr>", '
+                                f'valid_prefix: {valid}}}]',
+            "train.max_steps": steps, "train.valid_every_steps": 3, "train.valid_bleu_lines": 4,
+            "train.best_metric": "bleu", "data.test_prefix": corpus.prefixes["valid"], "train.test_at_end": "true"}
 
 
 def sources_searched(monkeypatch) -> list[list[int]]:
@@ -92,14 +92,8 @@ def test_the_end_of_training_test_translation_puts_the_main_pairs_tag_first(mult
     from omegaconf import OmegaConf
 
     seen = sources_searched(monkeypatch)
-    data = OmegaConf.load(multilingual_run / "config.yaml").data
-    extra = data.extra_train[0]
-    run(corpus, multilingual_run, {"data.spm_model": "null", "data.train_tag": '"<2de>"', "data.temperature": 2,
-                                   "data.extra_train": f'[{{prefix: {extra.prefix}, src_lang: en, tgt_lang: fr, '
-                                                       f'tag: "<2fr>", valid_prefix: {extra.valid_prefix}}}]',
-                                   "train.max_steps": 4, "train.valid_every_steps": 3, "train.valid_bleu_lines": 4,
-                                   "train.best_metric": "bleu", "data.test_prefix": corpus.prefixes["valid"],
-                                   "train.test_at_end": "true"})
+    extra = OmegaConf.load(multilingual_run / "config.yaml").data.extra_train[0]
+    run(corpus, multilingual_run, multilingual_changes(corpus, extra.prefix, extra.valid_prefix, steps=4))
     tag = Translator.load(multilingual_run, "cpu", tgt_lang="de").source_prefix[0]
     assert len(seen) == 16 and all(ids[0] == tag for ids in seen)  # the test split: the corpus's 16 valid pairs
 
