@@ -49,6 +49,18 @@ def check_cli_paths(args: argparse.Namespace) -> None:
             check_output_dir(value, key, inputs=inputs)
 
 
+def _exportable(checkpoint: str):
+    """The checkpoint's model, vocabulary and data settings, or a one-line refusal where an export would lose what
+    the model needs; read before the export's dependencies are looked for, so the refusal does not wait on them."""
+    model, vocab, state = load_model(checkpoint)
+    data = (state.get("config") or {}).get("data") or {}
+    if language_tags(data):
+        raise InteropError(f"{checkpoint} is a multilingual model (into {', '.join(language_tags(data))}): "
+                           "MarianTokenizer and CTranslate2 would not put its target-language tag first, "
+                           "so its exports would translate wrongly; translate it with translate.py tgt_lang=")
+    return model, vocab, data
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m transformer.hf", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -66,12 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         check_cli_paths(args)
+        exported = _exportable(args.checkpoint) if args.command == "export" else None
         needs = ["transformers"] + (["ctranslate2"] if getattr(args, "ctranslate2", None) else [])
         missing = [name for name in needs if not _importable(name)]
         if missing:
             raise InteropError(f"python -m transformer.hf {args.command} needs {' and '.join(missing)}, which "
                                "is not installed: pip install -e '.[hf]'")
-    except (InteropError, ConfigError) as e:
+    except (InteropError, ckpt.CheckpointError, DataError, ConfigError) as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     from transformers.utils import logging as transformers_logging
@@ -88,12 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if args.quantization and not args.ctranslate2:
                 raise InteropError("--quantization applies to the CTranslate2 model: give --ctranslate2 DIR too")
-            model, vocab, state = load_model(args.checkpoint)
-            data = (state.get("config") or {}).get("data") or {}
-            if language_tags(data):
-                raise InteropError(f"{args.checkpoint} is a multilingual model (into {', '.join(language_tags(data))}): "
-                                   "MarianTokenizer and CTranslate2 would not put its target-language tag first, "
-                                   "so its exports would translate wrongly; translate it with translate.py tgt_lang=")
+            model, vocab, data = exported
             out = export_marian(model, vocab, args.out_dir, src_lang=data.get("src_lang"),
                                 tgt_lang=data.get("tgt_lang"))
             print(f"wrote {out} (MarianMTModel, MarianTokenizer)")

@@ -218,11 +218,10 @@ def test_case3_a_table_that_is_a_directory_is_one_line(tmp_path, capsys, monkeyp
     assert f"table={tmp_path} is a directory" in message
 
 
-def test_case4_hf_without_transformers_names_the_extra_to_install(tmp_path, capsys, monkeypatch):
+def test_case4_hf_without_transformers_names_the_extra_to_install(tiny_run, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if it were not installed
-    checkpoint = text(tmp_path, "model.pt", b"x")
-    capsys.readouterr()
-    assert hf.main(["export", str(checkpoint), str(tmp_path / "out")]) == 2
+    capsys.readouterr()  # the checkpoint is read first (a multilingual one is refused without the extra)
+    assert hf.main(["export", str(tiny_run.run_dir), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "pip install -e '.[hf]'" in err[0] and "transformers" in err[0], err
 
