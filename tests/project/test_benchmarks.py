@@ -194,3 +194,22 @@ def test_distill_smoke_rows_teacher_and_students_with_speed_ratio_and_quality(ti
     rows = re.findall(r"^\| (teacher|student) \| `[^`]+` \| [\d.]+M \| ([^|]+) \| fp32 \| 1 \| ([\d.]+) \| ([\d.]+)× \| "
                       r"([\d.]+) \| - \|$", section, re.M)
     assert [row[0] for row in rows] == ["teacher", "student"] and rows[0][3] == "1.00", section
+
+
+def test_step_profile_smoke_splits_an_update_into_its_phases_and_operator_kinds(tiny_run, tmp_path):
+    """benchmarks/step_profile.py on the tiny run's own batches: the five phases of an update, their shares
+    summing to the whole, and the profiler's time by kind of operator, matmuls among them."""
+    markdown = tmp_path / "BENCHMARKS.md"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "step_profile.py"), "--run-dir",
+                             str(tiny_run.run_dir), "--updates", "2", "--warmup", "1", "--write", str(markdown)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(tmp_path)})
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    section = markdown.read_text(encoding="utf-8").split("## Where a Multi30k training update's time goes\n", 1)[1]
+    phases = re.findall(r"^\| ([a-z ,_]+) \| ([\d.]+) \| ([\d.]+) % \|$", section, re.M)
+    assert [p[0] for p in phases] == ["encoder", "decoder and output projection", "loss", "backward",
+                                      "clip, Adam, zero_grad"], section
+    assert sum(float(p[2]) for p in phases) == pytest.approx(100, abs=0.3)
+    kinds = dict(re.findall(r"^\| ([^|`]+?) \| ([\d.]+) % \|$", section, re.M))
+    assert float(kinds["matmul (linear maps, attention products)"]) > 0, kinds
+    assert sum(float(v) for v in kinds.values()) == pytest.approx(100, abs=0.5), kinds
