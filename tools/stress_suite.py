@@ -11,7 +11,8 @@ on core 0 (sched_setaffinity) for as long as the suite runs. A test that passes 
 something the code does not guarantee: a time, or an output that a briefly trained model happens to produce.
 
 The table at the end: condition, run, passed, failed, skipped, seconds, and the names of the failed tests;
-`--json` writes it too. The exit status is 1 if any run failed.
+`--json` writes it too. Each run's whole pytest output goes to `<--logs>/<condition>-<run>.log` (default
+runs/stress/), so that a failure seen under load can be read afterwards. The exit status is 1 if any run failed.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def spin(core: int) -> None:
         x = (x * 1103515245 + 12345) % 2**31
 
 
-def run_suite(threads: int, hog: bool, pytest_args: list[str]) -> dict:
+def run_suite(threads: int, hog: bool, pytest_args: list[str], log: Path) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     hogger = multiprocessing.Process(target=spin, args=(0,), daemon=True) if hog else None
@@ -62,6 +63,8 @@ def run_suite(threads: int, hog: bool, pytest_args: list[str]) -> dict:
             hogger.kill()
             hogger.join()
     seconds = time.monotonic() - started
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(done.stdout + done.stderr)
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|error)", summary)}
     return {"passed": counts.get("passed", 0), "failed": counts.get("failed", 0) + counts.get("error", 0),
@@ -74,6 +77,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=1, help="runs of each condition")
     parser.add_argument("--only", choices=sorted(CONDITIONS), action="append", help="conditions to run (default: all)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--logs", type=Path, default=ROOT / "runs" / "stress", help="each run's pytest output")
     parser.add_argument("pytest_args", nargs="*", default=["tests"], help="after --: pytest's arguments")
     args = parser.parse_args()
     print(f"{cpu_name()}, {os.cpu_count()} cores; pytest {' '.join(args.pytest_args)}", flush=True)
@@ -81,7 +85,8 @@ def main() -> int:
     for name in args.only or CONDITIONS:
         threads, hog = CONDITIONS[name]
         for number in range(1, args.runs + 1):
-            row = {"condition": name, "run": number, **run_suite(threads, hog, args.pytest_args)}
+            log = args.logs / f"{name}-{number}.log"
+            row = {"condition": name, "run": number, **run_suite(threads, hog, args.pytest_args, log), "log": str(log)}
             rows.append(row)
             print(f"{name:13s} run {number}: {row['passed']} passed, {row['failed']} failed, {row['skipped']} "
                   f"skipped in {row['seconds']} s {' '.join(row['failures'])}", flush=True)
