@@ -177,10 +177,15 @@ def run_on_fake_clock(clock: FakeClock, patch=setattr) -> None:
 def subprocess_env(*, buffered: bool = False, **extra: str) -> dict:
     """This environment for a child process: offline, one thread, no torchrun variables, `extra` added; stdout
     unbuffered unless `buffered` (as a user's is: what a test of flushing needs, since CI sets
-    PYTHONUNBUFFERED)."""
+    PYTHONUNBUFFERED).
+
+    One thread is OMP_NUM_THREADS and MKL_NUM_THREADS both: a child that inherits MKL_NUM_THREADS=2 runs its
+    float32 matmuls on two MKL threads (another summation order) while `train_main` runs this process's on
+    one, and runs compared bit for bit differ (seen with MKL_NUM_THREADS=2 set for the suite)."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(OMP_NUM_THREADS="1", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
+               PYTHONUNBUFFERED="1")
     env.update(extra)
     if buffered:
         env.pop("PYTHONUNBUFFERED")

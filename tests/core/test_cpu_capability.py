@@ -21,7 +21,7 @@ AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 
 def run_precision_paths(tmp_path, name: str, cap: dict[str, str]) -> tuple[dict, str]:
     out = tmp_path / f"{name}.pt"
-    env = {**os.environ, **cap, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **cap, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, str(ROOT / "tests" / "precision_paths.py"), str(out)], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -206,7 +206,7 @@ def test_step_profile_smoke_splits_an_update_into_its_phases_and_operator_kinds(
                             env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(tmp_path)})
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     section = markdown.read_text(encoding="utf-8").split("## Where a Multi30k training update's time goes\n", 1)[1]
-    phases = re.findall(r"^\| ([a-z ,_]+) \| ([\d.]+) \| ([\d.]+) % \|$", section, re.M)
+    phases = re.findall(r"^\| ([A-Za-z ,_]+) \| ([\d.]+) \| ([\d.]+) % \|$", section, re.M)
     assert [p[0] for p in phases] == ["encoder", "decoder and output projection", "loss", "backward",
                                       "clip, Adam, zero_grad"], section
     assert sum(float(p[2]) for p in phases) == pytest.approx(100, abs=0.3)
