@@ -91,17 +91,20 @@ def test_a_second_training_into_a_busy_run_dir_refuses_at_once_and_the_first_kee
     assert ckpt.load(ckpt.last_path(run_dir))["config"]["train"]["lr_scale"] == 1.0
 
 
-def test_the_refusal_comes_before_anything_is_read_or_written_and_within_a_second(corpus, tmp_path, capsys,
-                                                                                 monkeypatch):
-    """In process (no interpreter start-up to count): a held run_dir is refused in under a second, and no
-    checkpoints/ folder, vocabulary or cache appears in it."""
+def test_the_refusal_comes_before_anything_is_read_or_written(corpus, tmp_path, capsys, monkeypatch):
+    """In process: a held run_dir is refused before the run looks for a checkpoint or reads its corpus (either
+    would fail this test here), and no checkpoints/ folder, vocabulary or cache appears in it. That order is
+    what makes the refusal quick, on any machine; no clock is read."""
+    def never(*args, **kwargs):
+        raise AssertionError("a refused run read its checkpoint or its corpus")
+
+    monkeypatch.setattr(train, "resume_or_initialise", never)
+    monkeypatch.setattr(train, "prepare_data", never)
     run_dir = tmp_path / "run"
     holder = hold_in_another_process(run_dir)
     try:
-        started = time.monotonic()
         message = user_error(train, corpus.overrides(run_dir, {"data.cache_dir": run_dir / "data"}), capsys,
                              monkeypatch)
-        assert time.monotonic() - started < 1.0
     finally:
         holder.kill()
         holder.wait()
