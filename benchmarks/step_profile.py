@@ -104,10 +104,10 @@ def main() -> int:
             for phase, start, end in zip(PHASES, marks, marks[1:]):
                 times[phase] += end - start
 
+    for group in optimizer.param_groups:  # the optimizer's lr is 1.0 (the schedule supplies it in training): at
+        group["lr"] = 1e-4  # 1.0 the weights blow up, log p falls below -87, and exp() makes slow denormals
     for batch in batches[: args.warmup]:
         update(batch)
-    for group in optimizer.param_groups:
-        group["lr"] = 1e-4  # the timed updates move the weights a little, as training's would
     timed = batches[args.warmup:]
     times: dict[str, float] = defaultdict(float)
     for batch in timed:
