@@ -55,6 +55,8 @@ SKIPPED = {
     "python tests/project/test_bad_inputs.py": "prints the bad-input table; pytest runs the same cases",
     "python tools/recipe_sweep.py": "trains each candidate for its wall-clock budget (2 hours in docs/RESULTS.md); "
                                     "the suite does not run it; the options it sweeps are tested in tests/core and tests/data_layer",
+    "python tools/stress_suite.py": "runs the whole suite several times under load (an hour or more); running it "
+                                    "inside the suite would be the suite within itself",
     "python tools/table3_small.py": "trains a sweep of Table 3 rows on Multi30k (~1.5 h on one thread); "
                                     "tests/evaluation/test_table3.py composes every row's scaled overrides",
     "torchrun --nnodes 2": "a fragment of docs/RELIABILITY.md's two-node commands, which are composed in full",
