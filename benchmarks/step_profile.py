@@ -19,6 +19,7 @@ import argparse
 import math
 import time
 from collections import defaultdict
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -101,7 +102,7 @@ def main() -> int:
         optimizer.zero_grad(set_to_none=True)
         marks.append(time.perf_counter())
         if times is not None:
-            for phase, start, end in zip(PHASES, marks, marks[1:]):
+            for phase, (start, end) in zip(PHASES, pairwise(marks), strict=True):  # a mark per phase
                 times[phase] += end - start
 
     for group in optimizer.param_groups:  # the optimizer's lr is 1.0 (the schedule supplies it in training): at

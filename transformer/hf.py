@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         check_cli_paths(args)
+        if getattr(args, "quantization", None) and not args.ctranslate2:
+            raise InteropError("--quantization applies to the CTranslate2 model: give --ctranslate2 DIR too")
         exported = _exportable(args.checkpoint) if args.command == "export" else None
         needs = ["transformers"] + (["ctranslate2"] if getattr(args, "ctranslate2", None) else [])
         missing = [name for name in needs if not _importable(name)]
@@ -99,8 +101,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {path}; translate: python translate.py checkpoint={args.run_dir}; fine-tune: python "
                   f"train.py experiment=finetune init_from={args.run_dir} {train_overrides(config)} ...")
         else:
-            if args.quantization and not args.ctranslate2:
-                raise InteropError("--quantization applies to the CTranslate2 model: give --ctranslate2 DIR too")
             model, vocab, data = exported
             out = export_marian(model, vocab, args.out_dir, src_lang=data.get("src_lang"),
                                 tgt_lang=data.get("tgt_lang"))

@@ -15,14 +15,15 @@ import pytest
 import torch
 
 from conftest import ROOT
+from helpers import subprocess_env
 
 AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 
 
 def run_precision_paths(tmp_path, name: str, cap: dict[str, str]) -> tuple[dict, str]:
     out = tmp_path / f"{name}.pt"
-    env = {**os.environ, **cap, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "precision_paths.py"), str(out)], env=env,
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "precision_paths.py"), str(out)],
+                          env=subprocess_env(**cap),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return torch.load(out, weights_only=False), done.stderr

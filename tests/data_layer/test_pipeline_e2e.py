@@ -16,7 +16,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import evaluate
-from helpers import train_main
+from helpers import subprocess_env, train_main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -94,10 +94,8 @@ def test_real_wmt_two_ranks_learn_average_and_evaluate(shared_data, tmp_path):
     assert train_main([*common, "prepare_only=true"]) == 0
     assert (run_dir / "spm.model").is_file()
     # 2. Training on 2 ranks (gloo) under torchrun.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1",
-           "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "train.py", *common], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                           "train.py", *common], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     provenance = json.loads((run_dir / "provenance.json").read_text())
     assert provenance["world_size"] == 2

@@ -226,6 +226,15 @@ def test_case4_hf_without_transformers_names_the_extra_to_install(tiny_run, tmp_
     assert len(err) == 1 and "pip install -e '.[hf]'" in err[0] and "transformers" in err[0], err
 
 
+def test_case4b_a_quantization_without_its_ctranslate2_model_is_refused_before_the_checkpoint_is_read(tmp_path,
+                                                                                                       capsys):
+    checkpoint = text(tmp_path, "model.pt", b"x")  # not a checkpoint: reading it first would be another error
+    capsys.readouterr()
+    assert hf.main(["export", str(checkpoint), str(tmp_path / "out"), "--quantization", "int8"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "--quantization applies to the CTranslate2 model" in err[0], err
+
+
 def test_case5_a_byte_order_mark_does_not_change_the_score(tmp_path, capsys):
     sentence = "Das ist ein kleines Haus am See .\n".encode()
     hyp = text(tmp_path, "hyp.de", b"\xef\xbb\xbf" + sentence)
