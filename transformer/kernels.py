@@ -306,14 +306,18 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     bf16 with autograd, torch.compile, a torch without the kernel, bf16 on a CPU without native bf16) goes to
     F.linear.
     """
+    if torch.compiler.is_compiling() or x.device.type != "cpu":
+        # before the context variable below: dynamo cannot trace ContextVar.get, and would cut the compiled
+        # graph at every linear map (tests/training/test_compile.py counts one graph)
+        return F.linear(x, weight, bias)
     int8 = _INT8.get()
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                               or (bias is not None and bias.requires_grad))
-    if int8 is not None and x.device.type == "cpu" and x.dtype == torch.float32 and not needs_grad:
+    if int8 is not None and x.dtype == torch.float32 and not needs_grad:
         return _int8_linear(x, weight, bias, int8)
-    if (_ONEDNN_LINEAR is None or x.device.type != "cpu" or x.dtype != weight.dtype
+    if (_ONEDNN_LINEAR is None or x.dtype != weight.dtype
             or x.dtype not in (torch.float32, torch.bfloat16) or torch.is_autocast_enabled("cpu")
-            or torch.compiler.is_compiling() or (x.dtype == torch.bfloat16 and not native_bf16())
+            or (x.dtype == torch.bfloat16 and not native_bf16())
             or (x.dtype == torch.float32 and not onednn_for_float32(inference=not needs_grad))):
         return F.linear(x, weight, bias)
     if needs_grad:

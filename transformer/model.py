@@ -206,8 +206,9 @@ class Transformer(nn.Module):
                     f"source row {row} is all padding: every source needs at least one token "
                     f"(sentences end with EOS={self.config.eos_id})"
                 )
-        if (torch.is_inference_mode_enabled() and src_tokens.shape[0] > ENCODE_GROUP
-                and not torch.compiler.is_compiling() and _right_padded(src_mask)):  # a cut keeps every token
+        # is_compiling first: dynamo cannot trace is_inference_mode_enabled and would cut the graph here
+        if (not torch.compiler.is_compiling() and torch.is_inference_mode_enabled()
+                and src_tokens.shape[0] > ENCODE_GROUP and _right_padded(src_mask)):  # a cut keeps every token
             out = self._encode_in_groups(src_tokens, src_mask)
         else:
             out = self.encoder(self.embed(src_tokens), src_mask if padded else None)
