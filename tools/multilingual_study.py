@@ -17,8 +17,9 @@ the official lowercased tokenised ones. The steps:
   bilingual models took together;
 - cs_scratch: a bilingual EN→CS model from scratch (the EN→DE preset's recipe on Czech), one budget;
 - cs_transfer: `data.vocab=transfer` from multi to EN→CS (a vocabulary of its own; the old pairs are given up);
-- cs_extend: `data.vocab=extend` from multi: the Czech pieces appended, the tag <2cs>, and the old pairs replayed
-  (EN→DE and EN→FR at half weight each: half of every epoch is Czech), scored on all three pairs.
+- cs_extend: `experiment=multi30k_multilingual_add_cs` from multi (`data.vocab=extend`: the Czech pieces
+  appended, the tag <2cs>, and the old pairs replayed, EN→DE and EN→FR at half weight each: half of every epoch is
+  Czech), scored on all three pairs.
 
 A step whose `study.json` exists is not run again: a killed study continues where it stopped. The table
 (`<out>/study.md`): step, budget, updates, target tokens/s, and per target language sacreBLEU, chrF, lcBLEU.
@@ -42,9 +43,6 @@ from recipe_sweep import read_log  # noqa: E402  (updates, tokens/s, best valid 
 
 MULTI30K = "../shared/data/multi30k"
 CZECH = ["data.tgt_lang=cs"]  # the Multi30k data config's train, val and test_2016_flickr prefixes, into Czech
-REPLAY = ("data.extra_train=[" + ", ".join(
-    f"{{prefix: {MULTI30K}/train, valid_prefix: {MULTI30K}/val, src_lang: en, tgt_lang: {lang}, tag: '<2{lang}>', "
-    "weight: 0.5}" for lang in ("de", "fr")) + "]")
 
 # name: (overrides, budget share, target languages scored; "{multi}" is the multi step's run directory)
 STEPS: dict[str, tuple[list[str], int, list[str]]] = {
@@ -53,8 +51,7 @@ STEPS: dict[str, tuple[list[str], int, list[str]]] = {
     "multi": (["experiment=multi30k_multilingual"], 2, ["de", "fr"]),
     "cs_scratch": (["experiment=multi30k_en_de", *CZECH], 1, ["cs"]),
     "cs_transfer": (["experiment=multi30k_en_de", *CZECH, "init_from={multi}", "data.vocab=transfer"], 1, ["cs"]),
-    "cs_extend": (["experiment=multi30k_multilingual", *CZECH, "init_from={multi}", "data.vocab=extend",
-                   "data.train_tag='<2cs>'", REPLAY], 1, ["cs", "de", "fr"]),
+    "cs_extend": (["experiment=multi30k_multilingual_add_cs", "init_from={multi}"], 1, ["cs", "de", "fr"]),
 }
 
 

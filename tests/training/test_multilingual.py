@@ -4,6 +4,8 @@ language's tag; the run's validation pairs carry the main pair's tag; translatin
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from data.config import DataConfig, language_tags
@@ -129,3 +131,17 @@ def test_each_target_language_has_one_tag_when_the_main_corpus_is_tagged():
         DataConfig(train_prefix="x", train_tag="<2de>", extra_train=[{"prefix": "y", "tgt_lang": "fr"}])
     with pytest.raises(ConfigError, match="give it tag: <2de>"):
         DataConfig(train_prefix="x", train_tag="<2de>", extra_train=[{"prefix": "y", "tag": "<BT>"}])
+
+
+def test_the_czech_preset_extends_the_multilingual_model_and_replays_its_pairs():
+    """experiment=multi30k_multilingual_add_cs (docs/MULTILINGUAL.md): from the multilingual preset's run, the
+    vocabulary extended, Czech as the main pair with its own tag, German and French replayed at half weight."""
+    from transformer.cli import compose_config, to_job
+
+    base, job = (to_job(compose_config([f"experiment={name}"]))
+                 for name in ("multi30k_multilingual", "multi30k_multilingual_add_cs"))
+    assert job.init_from == base.run_dir and job.data.vocab == "extend"
+    tags = language_tags(dataclasses.asdict(job.data))
+    assert tags == {"cs": "<2cs>", "de": "<2de>", "fr": "<2fr>"}
+    assert {(c.tgt_lang, c.weight) for c in job.data.extra_train} == {("de", 0.5), ("fr", 0.5)}
+    assert job.model == base.model and job.data.vocab_size == base.data.vocab_size
