@@ -53,6 +53,8 @@ CANDIDATES: dict[str, list[str]] = {
     "drop03": ["model.dropout=0.3"],
     "ls02": ["train.label_smoothing=0.2"],
     "avg10": ["train.keep_last=10", "train.average_last=10"],
+    # the preset again from another seed, for an ensemble of two runs (give both one vocabulary: data.spm_model=)
+    "seed2": ["seed=2"],
     # beside the paper's residual dropout, the regularisers of small-data recipes (named options, 0 = the paper)
     "attdrop": ["model.attention_dropout=0.1", "model.activation_dropout=0.1"],
     "wd": ["train.weight_decay=0.0001"],
