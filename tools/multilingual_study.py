@@ -52,6 +52,10 @@ STEPS: dict[str, tuple[list[str], int, list[str]]] = {
     "cs_scratch": (["experiment=multi30k_en_de", *CZECH], 1, ["cs"]),
     "cs_transfer": (["experiment=multi30k_en_de", *CZECH, "init_from={multi}", "data.vocab=transfer"], 1, ["cs"]),
     "cs_extend": (["experiment=multi30k_multilingual_add_cs", "init_from={multi}"], 1, ["cs", "de", "fr"]),
+    # the same at half the peak learning rate (1.1e-3, about where multi's schedule had decayed to): a fresh
+    # schedule's warm-up to the full peak moved the trained weights, and German and French lost ground
+    "cs_extend_lr05": (["experiment=multi30k_multilingual_add_cs", "init_from={multi}", "train.lr_scale=0.5"], 1,
+                       ["cs", "de", "fr"]),
 }
 
 

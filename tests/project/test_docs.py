@@ -55,6 +55,9 @@ SKIPPED = {
     "python tests/project/test_bad_inputs.py": "prints the bad-input table; pytest runs the same cases",
     "python tools/recipe_sweep.py": "trains each candidate for its wall-clock budget (2 hours in docs/RESULTS.md); "
                                     "the suite does not run it; the options it sweeps are tested in tests/core and tests/data_layer",
+    "python tools/multilingual_study.py": "trains seven models for their wall-clock budgets (~2.5 h on one thread "
+                                          "in docs/MULTILINGUAL.md); tests/training/test_multilingual.py runs a tiny "
+                                          "multilingual model end to end and pins the Czech preset the study runs",
     "python tools/stress_suite.py": "runs the whole suite several times under load (an hour or more); running it "
                                     "inside the suite would be the suite within itself",
     "python tools/table3_small.py": "trains a sweep of Table 3 rows on Multi30k (~1.5 h on one thread); "
