@@ -86,11 +86,13 @@ def run_candidate(name: str, overrides: list[str], args: argparse.Namespace) -> 
 
 
 def read_log(path: Path) -> dict:
-    """Updates, mean target tokens/s and the best validation perplexity from a train.py log."""
+    """Updates, mean target tokens/s and the best validation perplexity from a train.py log (of a multilingual
+    run, the mean over its pairs, the one best.pt follows: the per-pair lines name their pair before the loss)."""
     text = path.read_text()
     updates = [int(m) for m in re.findall(r"update (\d+) \|", text)]
     speeds = [float(m) for m in re.findall(r"(\d+) tgt tok/s", text)]
-    valid = [(float(ppl), int(step)) for step, ppl in re.findall(r"validation at update (\d+) \|.*?ppl ([\d.]+)", text)]
+    valid = [(float(ppl), int(step)) for step, ppl in re.findall(r"validation at update (\d+) \| loss .*?ppl ([\d.]+)",
+                                                                 text)]
     peak = re.findall(r"peak resident memory ([\d.]+) MiB", text)
     best = min(valid) if valid else (float("nan"), 0)
     return {"updates": max(updates, default=0), "tok_per_s": round(sum(speeds) / len(speeds)) if speeds else 0,

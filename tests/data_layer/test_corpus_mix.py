@@ -6,6 +6,7 @@ reserved, and a resume that continues exactly, and only on the same mix.
 import numpy as np
 import pytest
 
+from data.config import language_tags
 from data.errors import DataError
 from data.pipeline import prepare
 from data.vocab import load_vocab
@@ -156,3 +157,16 @@ def test_temperature_with_explicit_weights_and_a_pair_into_itself_are_one_line_e
     with pytest.raises(DataError, match=r"extra_train\[0\] translates de into itself"):
         prepare(data_cfg(corpus, tmp_path / "cache", extra_train=[{"prefix": "x", "src_lang": "de"}]), tmp_path / "r",
                 seed=1, splits=("train",))
+
+
+def test_a_multilingual_run_resumes_bit_identically(corpus, french_corpus, tmp_path):
+    """EN→DE and EN→FR in one model, mixed by temperature, stopped after 2 updates and resumed: the same
+    weights, optimizer and data position as the run that was never stopped, and its languages kept."""
+    changes = {"data.spm_model": "null", "data.train_tag": "'<2de>'", "data.temperature": 2,
+               "data.extra_train": f"[{{prefix: '{french_corpus}', tag: '<2fr>', src_lang: en, tgt_lang: fr}}]",
+               "train.save_every_steps": 2, "train.max_steps": 5}
+    whole = run(corpus, tmp_path / "whole", changes)
+    run(corpus, tmp_path / "resumed", {**changes, "train.max_steps": 2})
+    resumed = run(corpus, tmp_path / "resumed", changes)
+    assert_training_states_equal(resumed, whole)
+    assert language_tags(resumed["config"]["data"]) == {"de": "<2de>", "fr": "<2fr>"}

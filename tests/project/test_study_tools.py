@@ -1,0 +1,52 @@
+"""tools/recipe_sweep.py and tools/multilingual_study.py, the scripts behind docs/RESULTS.md's sweep and
+docs/MULTILINGUAL.md's table (not run here: they train for hours): what they read from a train.py log, and that
+every step they would run composes into a valid config."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+
+from conftest import ROOT
+from transformer.cli import compose_config, to_job
+
+
+def tool(name: str):
+    """A script of tools/ as a module (tools/ is a folder of scripts, not a package)."""
+    for folder in ("tools", "benchmarks"):
+        if str(ROOT / folder) not in sys.path:
+            sys.path.insert(0, str(ROOT / folder))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+MULTILINGUAL_LOG = """\
+10:00:00 | INFO | update 100 | lr 0.0003 | loss 7.1 | nll 6.9 | ppl 900.1 | gnorm 1.8 | 3000 tgt tok/s | 1950 tgt tok/update
+10:01:00 | INFO | validation at update 100 | en-de | loss 4.2 | nll 3.3 | ppl 11.02
+10:01:00 | INFO | validation at update 100 | en-fr | loss 2.9 | nll 1.8 | ppl 5.77
+10:01:00 | INFO | validation at update 100 | loss 3.1 | nll 2.1 | ppl 8.39 (the mean of 2 pairs)
+10:02:00 | INFO | update 200 | lr 0.0006 | loss 5.1 | nll 4.9 | ppl 120.0 | gnorm 0.9 | 4000 tgt tok/s | 1950 tgt tok/update
+10:03:00 | INFO | validation at update 200 | en-de | loss 4.0 | nll 3.1 | ppl 10.50
+10:03:00 | INFO | validation at update 200 | en-fr | loss 2.8 | nll 1.7 | ppl 5.20
+10:03:00 | INFO | validation at update 200 | loss 3.0 | nll 2.0 | ppl 8.50 (the mean of 2 pairs)
+10:04:00 | INFO | peak resident memory 4763 MiB (this process)
+"""
+
+
+def test_the_best_validation_of_a_multilingual_log_is_the_mean_over_its_pairs(tmp_path):
+    """best.pt follows the mean over the pairs, so the sweep's and the study's 'best valid ppl' does too; a pair's
+    own line (a lower perplexity into French) is not the run's best."""
+    log = tmp_path / "multi.log"
+    log.write_text(MULTILINGUAL_LOG)
+    assert tool("recipe_sweep").read_log(log) == {"updates": 200, "tok_per_s": 3500, "best_valid_ppl": 8.39,
+                                                  "best_at": 100, "peak_rss_mib": 4763}
+
+
+@pytest.mark.parametrize("step", sorted(tool("multilingual_study").STEPS))
+def test_every_step_of_the_multilingual_study_composes(step):
+    overrides = [o.replace("{multi}", "runs/multilingual_study/multi") for o in tool("multilingual_study").STEPS[step][0]]
+    to_job(compose_config(overrides))
