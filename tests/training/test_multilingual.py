@@ -145,3 +145,4 @@ def test_the_czech_preset_extends_the_multilingual_model_and_replays_its_pairs()
     assert tags == {"cs": "<2cs>", "de": "<2de>", "fr": "<2fr>"}
     assert {(c.tgt_lang, c.weight) for c in job.data.extra_train} == {("de", 0.5), ("fr", 0.5)}
     assert job.model == base.model and job.data.vocab_size == base.data.vocab_size
+    assert job.train.lr_scale == base.train.lr_scale / 2  # chosen on validation (docs/MULTILINGUAL.md)
