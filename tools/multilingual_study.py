@@ -18,7 +18,7 @@ the official lowercased tokenised ones. The steps:
 - cs_scratch: a bilingual EN→CS model from scratch (the EN→DE preset's recipe on Czech), one budget;
 - cs_transfer: `data.vocab=transfer` from multi to EN→CS (a vocabulary of its own; the old pairs are given up);
 - cs_extend: `experiment=multi30k_multilingual_add_cs` from multi (`data.vocab=extend`: the Czech pieces
-  appended, the tag <2cs>, and the old pairs replayed, EN→DE and EN→FR at half weight each: half of every epoch is
+  appended, the tag <2cs>, and the old pairs replayed, EN→DE and EN→FR at half weight each: about half of every epoch is
   Czech; half the peak learning rate), scored on all three pairs; cs_extend_lr1: the same at the full peak.
 
 A step whose `study.json` exists is not run again: a killed study continues where it stopped. The table
