@@ -24,6 +24,9 @@ def tool(name: str):
     return module
 
 
+RECIPE_SWEEP, STUDY = tool("recipe_sweep"), tool("multilingual_study")
+
+
 MULTILINGUAL_LOG = """\
 10:00:00 | INFO | update 100 | lr 0.0003 | loss 7.1 | nll 6.9 | ppl 900.1 | gnorm 1.8 | 3000 tgt tok/s | 1950 tgt tok/update
 10:01:00 | INFO | validation at update 100 | en-de | loss 4.2 | nll 3.3 | ppl 11.02
@@ -42,11 +45,11 @@ def test_the_best_validation_of_a_multilingual_log_is_the_mean_over_its_pairs(tm
     own line (a lower perplexity into French) is not the run's best."""
     log = tmp_path / "multi.log"
     log.write_text(MULTILINGUAL_LOG)
-    assert tool("recipe_sweep").read_log(log) == {"updates": 200, "tok_per_s": 3500, "best_valid_ppl": 8.39,
+    assert RECIPE_SWEEP.read_log(log) == {"updates": 200, "tok_per_s": 3500, "best_valid_ppl": 8.39,
                                                   "best_at": 100, "peak_rss_mib": 4763}
 
 
-@pytest.mark.parametrize("step", sorted(tool("multilingual_study").STEPS))
+@pytest.mark.parametrize("step", sorted(STUDY.STEPS))
 def test_every_step_of_the_multilingual_study_composes(step):
-    overrides = [o.replace("{multi}", "runs/multilingual_study/multi") for o in tool("multilingual_study").STEPS[step][0]]
+    overrides = [o.replace("{multi}", "runs/multilingual_study/multi") for o in STUDY.STEPS[step][0]]
     to_job(compose_config(overrides))
