@@ -40,6 +40,22 @@ def test_every_paper_preset_composes_to_the_papers_values(preset):
     assert j.data.vocab_size == paper["vocab"]
 
 
+def test_the_multi30k_presets_train_for_two_hours_and_leave_the_test_set_to_the_ensemble():
+    """experiment=multi30k_en_de / _en_fr (docs/RESULTS.md, issue #45): a member of the two-seed ensemble trains
+    for two hours of wall clock, not for a number of updates, and does not translate the test set (evaluate.py
+    scores the ensemble once). The presets built on them keep their own budgets and test translation."""
+    for name in ("multi30k_en_de", "multi30k_en_fr"):
+        t = job(f"experiment={name}").train
+        assert (t.max_time, t.max_steps, t.max_epochs, t.test_at_end) == (7200, None, None, False), name
+    for name, steps in (("multi30k_multilingual", 10_000), ("multi30k_multilingual_add_cs", 5_000),
+                        ("bt_multi30k_de_en", 2_000)):
+        t = job(f"experiment={name}").train
+        assert (t.max_steps, t.max_time) == (steps, None), name
+        assert t.test_at_end == (name != "bt_multi30k_de_en"), name
+    distilled = job("experiment=distill_multi30k_en_de_deep_shallow").train
+    assert (distilled.max_time, distilled.test_at_end) == (3600, True)
+
+
 @pytest.mark.parametrize("preset", sorted(p.stem for p in (ROOT / "configs" / "model").glob("*.yaml")))
 def test_every_model_preset_is_a_yaml_file_the_schema_checks(preset, tmp_path):
     """configs/model/<preset>.yaml composes through ModelConfig (Hydra, `model=<preset>`) and reads the same from

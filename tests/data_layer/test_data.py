@@ -197,6 +197,19 @@ def test_stored_vocabulary_is_never_retrained(small_corpus, tmp_path):
     assert "600 pieces" in one_line(error) and "vocab_size=700" in str(error.value)
 
 
+def test_the_vocabulary_does_not_depend_on_the_seed_when_the_whole_corpus_is_its_sample(small_corpus, tmp_path):
+    """The Multi30k recipe's two members (seed=1, seed=2) train their vocabularies apart, side by side, and are
+    decoded as one ensemble, which needs one SentencePiece model: a corpus within data.vocab_sample is read
+    whole, so the seed cannot change it. A sampled corpus does depend on the seed (the check can fail)."""
+    def vocab_bytes(seed: int, run: str, **overrides) -> bytes:
+        cfg = data_cfg(train_prefix=str(small_corpus / "train"), **overrides)
+        prepare(cfg, tmp_path / run, splits=("train",), seed=seed, log=lambda m: None)
+        return (tmp_path / run / "spm.model").read_bytes()
+
+    assert vocab_bytes(1, "one") == vocab_bytes(2, "two")
+    assert vocab_bytes(1, "sampled_one", vocab_sample=1000) != vocab_bytes(2, "sampled_two", vocab_sample=1000)
+
+
 def test_user_spm_model_is_used_and_stored(small_corpus, vocab, tmp_path):
     vocab.save(tmp_path / "mine.model")
     cfg = data_cfg(train_prefix=str(small_corpus / "train"), spm_model=str(tmp_path / "mine.model"))

@@ -82,7 +82,8 @@ class Command:
 
 def fenced_commands(path: Path) -> list[Command]:
     """The commands of every fenced block of `path`: lines starting with a program in PROGRAMS, joined over
-    `\\` continuations; `NAME="..."` lines are shell variables, expanded in the block's later commands."""
+    `\\` continuations, a trailing `&` dropped; `NAME="..."` lines are shell variables, expanded in the block's
+    later commands."""
     commands, variables, block = [], {}, None
     lines = path.read_text(encoding="utf-8").splitlines()
     logical, first = "", 0
@@ -104,6 +105,7 @@ def fenced_commands(path: Path) -> list[Command]:
             variables[assignment[1]] = re.sub(r"\s+", " ", assignment[2])
             continue
         text = re.sub(r"\s+#.*$", "", text) if not text.startswith("#") else ""
+        text = re.sub(r"\s+&$", "", text)  # a job in the background (two runs side by side) is the same command
         for name, value in variables.items():
             text = text.replace(f"${name}", value)
         if text.startswith(PROGRAMS):
