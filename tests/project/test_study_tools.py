@@ -53,3 +53,18 @@ def test_the_best_validation_of_a_multilingual_log_is_the_mean_over_its_pairs(tm
 def test_every_step_of_the_multilingual_study_composes(step):
     overrides = [o.replace("{multi}", "runs/multilingual_study/multi") for o in STUDY.STEPS[step][0]]
     to_job(compose_config(overrides))
+
+
+@pytest.mark.parametrize("candidate", sorted(RECIPE_SWEEP.CANDIDATES))
+def test_every_candidate_of_the_recipe_sweep_composes_with_the_sweeps_budget(candidate, tmp_path):
+    """The command recipe_sweep.py runs for each candidate is a valid config; the budget ends it unless the
+    candidate sets its own step limit (Hydra refuses a key given twice)."""
+    import argparse
+
+    args = argparse.Namespace(experiment="multi30k_en_de", extra=[], out=tmp_path, budget=7200, precision="bf16")
+    overrides = RECIPE_SWEEP.train_command(candidate, RECIPE_SWEEP.CANDIDATES[candidate], args)[2:]
+    job = to_job(compose_config(overrides))
+    assert job.train.max_time == 7200 and not job.train.test_at_end
+    own = next((o for o in RECIPE_SWEEP.CANDIDATES[candidate] if o.startswith("train.max_steps=")), None)
+    assert job.train.max_steps == (int(own.split("=")[1]) if own else 10_000_000)
+
