@@ -1,12 +1,14 @@
 """The test suite under the conditions that break tests which lean on a machine's speed or on what its kernels
-happen to compute: one thread, two threads, and a CPU hog on one core beside each. Not part of CI.
+happen to compute: the README's command as it is, one thread, two threads, and a CPU hog on one core beside
+each. Not part of CI.
 
-    python tools/stress_suite.py                       # the four runs, the whole suite each
+    python tools/stress_suite.py                       # the six runs, the whole suite each
+    python tools/stress_suite.py --only readme --only hog-readme --runs 3   # the README's command, idle and loaded
     python tools/stress_suite.py --runs 3 -- -m "not slow"
     python tools/stress_suite.py --only hog-1thread -- tests/training/test_budget.py
 
-Each run is the README's test command (`python -m pytest -q tests`, its workers as pyproject.toml sets them) with
-OMP_NUM_THREADS and MKL_NUM_THREADS set to the run's thread count; a hog run also starts one process that spins
+Each run is the README's test command (`python -m pytest -q tests`, its workers as pyproject.toml sets them), with
+OMP_NUM_THREADS and MKL_NUM_THREADS set to the run's thread count except in the readme conditions; a hog run also starts one process that spins
 on core 0 (sched_setaffinity) for as long as the suite runs. A test that passes idle and fails here asserts
 something the code does not guarantee: a time, or an output that a briefly trained model happens to produce.
 
@@ -31,7 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from _common import cpu_name  # noqa: E402  (how every figure of benchmarks/ names its CPU)
 
-CONDITIONS = {  # name: (threads, hog)
+CONDITIONS = {  # name: (threads, hog); None: the thread variables as the environment has them (the README's command)
+    "readme": (None, False),
+    "hog-readme": (None, True),
     "1thread": (1, False),
     "2threads": (2, False),
     "hog-1thread": (1, True),
@@ -48,9 +52,10 @@ def spin(core: int) -> None:
         x = (x * 1103515245 + 12345) % 2**31
 
 
-def run_suite(threads: int, hog: bool, pytest_args: list[str], log: Path) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+def run_suite(threads: int | None, hog: bool, pytest_args: list[str], log: Path) -> dict:
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    if threads is not None:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     hogger = multiprocessing.Process(target=spin, args=(0,), daemon=True) if hog else None
     if hogger:
         hogger.start()
