@@ -216,15 +216,18 @@ def test_step_profile_smoke_splits_an_update_into_its_phases_and_operator_kinds(
 
 
 @pytest.mark.slow
-def test_compile_step_smoke_times_eager_and_compiled_in_each_precision(tmp_path):
-    """benchmarks/compile_step.py --smoke: a row per precision with both engines' step times, the speed-up, the
-    compiling first pass and its graph count, and no recompilation after it (compile_for_batches' promise)."""
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_step.py"), "--smoke", "--write",
-                             str(tmp_path / "BENCHMARKS.md")], cwd=ROOT, capture_output=True, text=True, timeout=900,
+def test_compile_step_smoke_times_eager_and_compiled(tmp_path):
+    """benchmarks/compile_step.py --smoke: a row with both engines' step times, the speed-up, the compiling first
+    pass and its graph count, and no recompilation after it (compile_for_batches' promise). In bf16 only, the
+    precision training takes where the hardware has it: each precision is a whole inductor compile (about a
+    minute on a 2-core EPYC), and the benchmark's loop over precisions is the same code for both."""
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_step.py"), "--smoke",
+                             "--precision", "bf16", "--write", str(tmp_path / "BENCHMARKS.md")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=900,
                             env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(tmp_path)})
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     section = (tmp_path / "BENCHMARKS.md").read_text(encoding="utf-8").split("## torch.compile on CPU\n", 1)[1]
     rows = re.findall(r"^\| tiny \| (fp32|bf16) \| [\d,]+ ms \| [\d,]+ ms \| [\d.]+× \| \d+ s, (\d+) graphs? \| (\d+) \|$",
                       section, re.M)
-    assert [row[0] for row in rows] == ["fp32", "bf16"], section
+    assert [row[0] for row in rows] == ["bf16"], section
     assert all(int(graphs) >= 1 and recompiled == "0" for _, graphs, recompiled in rows), rows

@@ -17,17 +17,27 @@ import bisect
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 from sacrebleu.metrics import BLEU, CHRF
 
 from data.files import atomic_write
 from transformer.evaluation.alignment import cross_attention
 from transformer.model import Transformer
 from transformer.evaluation.tables import table_markdown
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def _figure(**kwargs) -> Figure:
+    """A new matplotlib Figure. matplotlib is imported here, when the first figure is drawn: its import costs
+    almost half a second, which every train.py, translate.py and evaluate.py would otherwise pay at start."""
+    from matplotlib.figure import Figure
+
+    return Figure(layout="constrained", **kwargs)
 
 MAX_POINTS = 1000  # curves longer than this are averaged into this many bins (a 300k-update run logs 3000+ points)
 MAX_PIECES = 40  # attention figures show sentences of at most this many pieces a side (readable labels)
@@ -110,7 +120,7 @@ def learning_curves_figure(scalars: dict[str, Series], *, title: str) -> Figure:
     """Loss and NLL, validation BLEU, learning rate and throughput; left against updates, right against
     training hours (`training_hours`; the right column is left empty when the logs cannot give them)."""
     hours = training_hours(scalars)
-    figure = Figure(figsize=(12, 13), layout="constrained")
+    figure = _figure(figsize=(12, 13))
     axes = figure.subplots(len(CURVE_PANELS), 2, squeeze=False)
     figure.suptitle(title)
     for row, (panel, ylabel, log_y, tags) in enumerate(CURVE_PANELS):
@@ -186,7 +196,7 @@ def length_buckets(lengths: Sequence[int], hypotheses: Sequence[str], references
 
 
 def length_buckets_figure(buckets: Sequence[Bucket], *, unit: str, title: str) -> Figure:
-    figure = Figure(figsize=(max(6.0, 1.3 * len(buckets) + 2), 4.5), layout="constrained")
+    figure = _figure(figsize=(max(6.0, 1.3 * len(buckets) + 2), 4.5))
     ax = figure.subplots()
     x = np.arange(len(buckets))
     width = 0.38
@@ -218,7 +228,7 @@ def attention_figure(attention: torch.Tensor, src_pieces: Sequence[str], tgt_pie
     cell = 0.28
     width = min(6 + layers * (1.5 + cell * len(xlabels)), 40)
     height = min(2.5 + cell * len(ylabels), 16)
-    figure = Figure(figsize=(width, height), layout="constrained")
+    figure = _figure(figsize=(width, height))
     axes = figure.subplots(1, layers, squeeze=False)[0]
     figure.suptitle(title)
     image = None

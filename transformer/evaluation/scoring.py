@@ -31,16 +31,20 @@ sacremoses 0.2 and the 2018 perl do not; on newstest2014 that moves the two syst
 fairseq's compound_split_bleu.sh tokenizes with `-a` and scores ~0.9 higher: not the paper's number.
 """
 
+from __future__ import annotations
+
 import functools
 import importlib.metadata
 import logging
 import platform
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import sacremoses
 from sacrebleu.metrics import BLEU, CHRF
+
+if TYPE_CHECKING:  # imported where tokenised BLEU is scored: half a second that most commands never need
+    import sacremoses
 
 
 log = logging.getLogger(__name__)
@@ -143,8 +147,16 @@ def moses_compound_split(line: str) -> str:
     return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", line)
 
 
+def _sacremoses_version() -> str:
+    import sacremoses
+
+    return sacremoses.__version__
+
+
 @functools.lru_cache(maxsize=8)
 def _moses_tokenizer(lang: str) -> sacremoses.MosesTokenizer:
+    import sacremoses
+
     return sacremoses.MosesTokenizer(lang=lang)
 
 
@@ -170,7 +182,7 @@ def tok_bleu(hyps: list[str], refs: list[str], lang: str) -> Score:
     ref_tokens = tokbleu_tokenize(refs, lang, hypothesis=False)
     score = BLEU(tokenize="none", force=True, smooth_method="none").corpus_score(hyp_tokens, [ref_tokens])
     score.name = "tokBLEU"
-    signature = f"tok:moses-{lang}|split:compound|version:sacremoses-{sacremoses.__version__}"
+    signature = f"tok:moses-{lang}|split:compound|version:sacremoses-{_sacremoses_version()}"
     return Score(name="tokBLEU", score=float(score.score), signature=signature,
                  line=score.format(width=2, signature=signature), details=_bleu_details(score))
 
@@ -190,6 +202,8 @@ def tok_bleu(hyps: list[str], refs: list[str], lang: str) -> Score:
 
 @functools.lru_cache(maxsize=8)
 def _moses_normalizer(lang: str) -> sacremoses.MosesPunctNormalizer:
+    import sacremoses
+
     return sacremoses.MosesPunctNormalizer(lang=lang)
 
 
@@ -208,7 +222,7 @@ def lc_bleu(hyps: list[str], tokenized_refs: list[str], lang: str) -> Score:
     score = BLEU(tokenize="none", force=True, smooth_method="none").corpus_score(lc_norm_tok(hyps, lang),
                                                                                [tokenized_refs])
     score.name = "lcBLEU"
-    signature = f"case:lc|norm:moses-{lang}|tok:moses-{lang}|ref:tokenized|version:sacremoses-{sacremoses.__version__}"
+    signature = f"case:lc|norm:moses-{lang}|tok:moses-{lang}|ref:tokenized|version:sacremoses-{_sacremoses_version()}"
     return Score(name="lcBLEU", score=float(score.score), signature=signature,
                  line=score.format(width=2, signature=signature), details=_bleu_details(score))
 
