@@ -14,7 +14,8 @@ import pytest
 
 import translate
 from helpers import ROOT, run_translate, subprocess_env, user_error
-from transformer.decoding.corpus_translation import parts_dir
+from data.errors import WriteError
+from transformer.decoding.corpus_translation import join, parts_dir
 
 WORDS = ["the", "cat", "sees", "a", "dog", "small", "sleeps", "dogs", "see", "cats"]
 FAST = ["decode.max_len_b=4"]
@@ -119,6 +120,39 @@ def test_under_torchrun_two_ranks_write_one_output_in_input_order(disagreeing_ch
     assert result.returncode == 0, result.stderr[-3000:]
     assert output.read_text(encoding="utf-8").splitlines() == reference
     assert not parts_dir(output).exists()
+
+
+def test_two_ranks_joining_at_once_leave_one_output_and_no_error(tmp_path):
+    """Both ranks can find every chunk written and both join; the first to finish removes the parts under the
+    second, whose next chunk is gone (seen once in CI: rank 1 exited with 'could not write translation'). The
+    second leaves the output to the first. A missing chunk with the parts still there stays an error."""
+    output = tmp_path / "out.txt"
+    parts = parts_dir(output)
+    parts.mkdir()
+    for chunk, text in enumerate(["a\n", "b\n", "c\n"]):
+        (parts / f"{chunk:09d}.txt").write_text(text)
+    slow_rank_reads = []
+
+    def open_then_lose_the_race(path, *args, **kwargs):  # the second rank opens chunk 0; the first one ends
+        handle = real_open(path, *args, **kwargs)
+        if not slow_rank_reads:
+            slow_rank_reads.append(path)
+            assert join(parts, output, 3) is True  # the first rank: joins and removes the parts
+        return handle
+
+    import builtins
+    real_open = builtins.open
+    builtins.open = open_then_lose_the_race
+    try:
+        assert join(parts, output, 3) is False
+    finally:
+        builtins.open = real_open
+    assert output.read_text() == "a\nb\nc\n" and not parts.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]  # no temporary file left
+    parts.mkdir()
+    (parts / f"{0:09d}.txt").write_text("a\n")
+    with pytest.raises(WriteError):
+        join(parts, output, 3)
 
 
 def test_resuming_with_other_settings_is_a_one_line_error_naming_them(disagreeing_checkpoints, corpus_file,

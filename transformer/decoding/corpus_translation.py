@@ -34,7 +34,7 @@ from typing import BinaryIO, Callable, Sequence, TextIO
 
 from tqdm import tqdm
 
-from data.errors import ConfigError
+from data.errors import ConfigError, WriteError
 from data.files import atomic_write
 from data.lock import hold, releasing_locks
 from data.lines import chunks, count_lines, decode_line
@@ -122,8 +122,7 @@ def translate_file(translator: Translator, input: Path, output: Path, render: Re
         log.info("%smy %d chunks are written; %d chunks of other ranks are missing: the rank that writes the "
                  "last one joins them into %s", where, len(mine), missing, output)
         return False
-    join(parts, output, n_chunks)
-    return True
+    return join(parts, output, n_chunks)
 
 
 def parts_dir(output: Path) -> Path:
@@ -137,16 +136,24 @@ def written_chunks(parts: Path) -> set[int]:
     return {int(m[1]) for name in os.listdir(parts) if (m := _CHUNK_NAME.match(name))}
 
 
-def join(parts: Path, output: Path, n_chunks: int) -> None:
-    """Concatenate chunks 0..n_chunks-1 of `parts` into `output` (atomically), then remove `parts`. Two ranks
-    that both find every chunk written both join: the same bytes, renamed into place one after the other."""
+def join(parts: Path, output: Path, n_chunks: int) -> bool:
+    """Concatenate chunks 0..n_chunks-1 of `parts` into `output` (atomically), then remove `parts`; returns
+    whether this process wrote `output`. Two ranks that both find every chunk written both join: the first to
+    finish renames `output` into place and removes `parts`, and the other, finding its next chunk gone with
+    `parts`, leaves `output` to it (False) instead of reporting a failed write."""
     def write(f):
         for chunk in range(n_chunks):
             with open(parts / f"{chunk:09d}.txt", "rb") as part:
                 shutil.copyfileobj(part, f)
 
-    atomic_write(output, write, what="translation", elsewhere="give another output=")
+    try:
+        atomic_write(output, write, what="translation", elsewhere="give another output=")
+    except WriteError:
+        if not parts.exists() and output.is_file():  # another rank joined the chunks, then removed them
+            return False
+        raise
     shutil.rmtree(parts, ignore_errors=True)
+    return True
 
 
 def _claim(parts: Path, request: dict) -> None:
