@@ -147,12 +147,6 @@ def moses_compound_split(line: str) -> str:
     return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", line)
 
 
-def _sacremoses_version() -> str:
-    import sacremoses
-
-    return sacremoses.__version__
-
-
 @functools.lru_cache(maxsize=8)
 def _moses_tokenizer(lang: str) -> sacremoses.MosesTokenizer:
     import sacremoses
@@ -182,7 +176,7 @@ def tok_bleu(hyps: list[str], refs: list[str], lang: str) -> Score:
     ref_tokens = tokbleu_tokenize(refs, lang, hypothesis=False)
     score = BLEU(tokenize="none", force=True, smooth_method="none").corpus_score(hyp_tokens, [ref_tokens])
     score.name = "tokBLEU"
-    signature = f"tok:moses-{lang}|split:compound|version:sacremoses-{_sacremoses_version()}"
+    signature = f"tok:moses-{lang}|split:compound|version:sacremoses-{importlib.metadata.version('sacremoses')}"
     return Score(name="tokBLEU", score=float(score.score), signature=signature,
                  line=score.format(width=2, signature=signature), details=_bleu_details(score))
 
@@ -222,7 +216,7 @@ def lc_bleu(hyps: list[str], tokenized_refs: list[str], lang: str) -> Score:
     score = BLEU(tokenize="none", force=True, smooth_method="none").corpus_score(lc_norm_tok(hyps, lang),
                                                                                [tokenized_refs])
     score.name = "lcBLEU"
-    signature = f"case:lc|norm:moses-{lang}|tok:moses-{lang}|ref:tokenized|version:sacremoses-{_sacremoses_version()}"
+    signature = f"case:lc|norm:moses-{lang}|tok:moses-{lang}|ref:tokenized|version:sacremoses-{importlib.metadata.version('sacremoses')}"
     return Score(name="lcBLEU", score=float(score.score), signature=signature,
                  line=score.format(width=2, signature=signature), details=_bleu_details(score))
 
