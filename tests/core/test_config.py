@@ -43,19 +43,21 @@ def test_every_paper_preset_composes_to_the_papers_values(preset):
 def test_the_multi30k_presets_stop_near_their_validation_best_within_two_hours_and_leave_the_test_set_alone():
     """experiment=multi30k_en_de / _en_fr (docs/RESULTS.md, issue #45): a member of the two-seed ensemble trains
     for 8,500 updates (where validation perplexity was lowest) or two hours of wall clock, whichever ends first,
-    and does not translate the test set (evaluate.py scores the ensemble once). The presets built on them keep
-    their own budgets and test translation."""
+    averages its last 15 checkpoints, and does not translate the test set (evaluate.py scores the ensemble once).
+    The presets built on them keep their own budgets, averaging windows and test translation."""
     for name in ("multi30k_en_de", "multi30k_en_fr"):
         t = job(f"experiment={name}").train
         assert (t.max_time, t.max_steps, t.max_epochs, t.test_at_end) == (7200, 8500, None, False), name
-        assert (t.save_every_steps, t.average_last) == (200, 5), name  # the average: updates 7,700-8,500
+        assert (t.save_every_steps, t.keep_last, t.average_last) == (200, 15, 15), name  # 5,700-8,500
     for name, steps in (("multi30k_multilingual", 10_000), ("multi30k_multilingual_add_cs", 5_000),
                         ("bt_multi30k_de_en", 2_000)):
         t = job(f"experiment={name}").train
         assert (t.max_steps, t.max_time) == (steps, None), name
+        assert (t.keep_last, t.average_last) == (5, 5), name  # the EN→DE preset's window of 15 is its own
         assert t.test_at_end == (name != "bt_multi30k_de_en"), name
-    distilled = job("experiment=distill_multi30k_en_de_deep_shallow").train
-    assert (distilled.max_time, distilled.test_at_end) == (3600, True)
+    for name in ("distill_multi30k_en_de_deep_shallow", "distill_multi30k_en_de_narrow"):
+        distilled = job(f"experiment={name}").train
+        assert (distilled.max_time, distilled.test_at_end, distilled.average_last) == (3600, True, 5), name
 
 
 @pytest.mark.parametrize("preset", sorted(p.stem for p in (ROOT / "configs" / "model").glob("*.yaml")))
