@@ -21,13 +21,16 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 import numpy as np
 import torch
 
 from data.errors import DataError
 from data.vocab import BOS_ID, EOS_ID, PAD_ID
+
+if TYPE_CHECKING:
+    import datasets
 
 
 def padded_length(length, multiple: int = 1):

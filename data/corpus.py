@@ -19,8 +19,8 @@ import socket
 import urllib.parse
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 import numpy as np
 
 from data.errors import DataError
@@ -28,6 +28,12 @@ from data.files import atomic_write
 from data.errors import one_line
 from data.lines import count_lines, raw_lines
 from data.vocab import MarianVocab, Vocab, load_vocab
+
+if TYPE_CHECKING:
+    import datasets
+
+# `datasets` (with pandas and pyarrow: ~1.2 s of CPU) is imported by the functions that read or write a
+# corpus, not here: train.py imports this module, and its --help, --cfg job and user errors need none of it.
 
 HUB_UNREACHABLE = "the hub cannot be reached; use data.dataset=<local dir> or experiment=quickstart"
 
@@ -146,6 +152,8 @@ def _load_text(source: TextSource, *, cache_dir: Path, hashes: FileHashes) -> da
     if n_src == 0:  # datasets cannot build an empty split from a generator
         raise DataError(f"empty parallel files: {source.src_path} and {source.tgt_path} have no lines; give files "
                         "with one sentence a line")
+    import datasets
+
     # The explicit fingerprint (the files' content) is what datasets keys its cache on, so a changed file
     # is read again and an unchanged one is not.
     try:
@@ -187,6 +195,8 @@ def _select_split(splits: datasets.DatasetDict, spec: str, where: str) -> datase
     """The rows `spec` names, in the datasets library's split syntax: a split ("validation"), a slice of one
     ("validation[:500]", "train[10%:]"), or several joined with "+" (e.g. to validate on the first 500 pairs of
     a 3000-pair dev set)."""
+    import datasets
+
     try:
         parts = datasets.ReadInstruction.from_spec(spec).to_absolute({name: len(split) for name, split in
                                                                      splits.items()})
@@ -198,10 +208,26 @@ def _select_split(splits: datasets.DatasetDict, spec: str, where: str) -> datase
                         "('validation[:500]', 'train[:10%]') or several joined by '+'") from None
     chosen = [splits[part.splitname].select(range(part.from_, part.to)) if (part.from_, part.to) != (
         0, len(splits[part.splitname])) else splits[part.splitname] for part in parts]
-    return chosen[0] if len(chosen) == 1 else datasets.concatenate_datasets(chosen)
+    return concatenate(chosen)
+
+
+def concatenate(parts: list[datasets.Dataset]) -> datasets.Dataset:
+    """The rows of `parts` in order, as one dataset (the one part itself when there is one)."""
+    import datasets
+
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+def open_arrow(path: Path) -> datasets.Dataset:
+    """A dataset written by `encode` (memory-mapped, not read)."""
+    import datasets
+
+    return datasets.Dataset.from_file(str(path))
 
 
 def _load_hub(source: HubSource, *, cache_dir: Path, hashes: FileHashes) -> datasets.Dataset:
+    import datasets
+
     where = f"{source.name} (subset {source.subset})" if source.subset else source.name
     kwargs = {}
     if source.is_local:
@@ -247,6 +273,8 @@ def _load_hub(source: HubSource, *, cache_dir: Path, hashes: FileHashes) -> data
 
 
 def _config_names(path: str) -> list[str]:
+    import datasets
+
     try:
         return list(datasets.get_dataset_config_names(path))
     except Exception:  # only to word an error better; the original error is reported otherwise
@@ -255,6 +283,8 @@ def _config_names(path: str) -> list[str]:
 
 def _check_hub_reachable(timeout: float = 5.0) -> None:
     """Fail in seconds, not after datasets' retry loop, when the hub is out of reach."""
+    import datasets
+
     if datasets.config.HF_HUB_OFFLINE:
         return  # datasets uses its local cache, or raises ConnectionError at once
     endpoint = urllib.parse.urlparse(datasets.config.HF_ENDPOINT)
@@ -303,6 +333,8 @@ def clean(
     """Drop pairs with an empty side, more than `max_len` whitespace words on a side, or a word-count
     ratio above `max_len_ratio` either way (Moses clean-corpus-n rules), then exact duplicates of the
     stripped pair (first occurrence kept). None turns a filter off. Text is stripped when encoded."""
+    import datasets
+
     report = CleanReport(read=len(ds))
     if len(ds) == 0 or not (drop_empty or max_len or max_len_ratio or dedup):
         return ds, report
@@ -362,12 +394,6 @@ def _workers(rows: int, num_proc: int) -> int | None:
 
 
 # --------------------------------------------------------------------------------------------- encoding
-ENCODED_FEATURES = {
-    "src_ids": datasets.List(datasets.Value("int32")),
-    "tgt_ids": datasets.List(datasets.Value("int32")),
-    "src_len": datasets.Value("int32"),
-    "tgt_len": datasets.Value("int32"),
-}
 
 
 def encode(
@@ -382,7 +408,10 @@ def encode(
     """Token ids of each (stripped) pair: int32 columns `src_ids`, `tgt_ids` (no BOS/EOS) and their
     lengths `src_len`, `tgt_len`; with `keep_text`, also the stripped `src`, `tgt`. Written to
     `cache_file` (with a `_0000i_of_0000n` suffix per worker when there are several)."""
-    features = dict(ENCODED_FEATURES)
+    import datasets
+
+    features = {"src_ids": datasets.List(datasets.Value("int32")), "tgt_ids": datasets.List(datasets.Value("int32")),
+                "src_len": datasets.Value("int32"), "tgt_len": datasets.Value("int32")}
     if keep_text:
         features = {"src": datasets.Value("string"), "tgt": datasets.Value("string"), **features}
     cache_file.parent.mkdir(parents=True, exist_ok=True)

@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 import numpy as np
 from filelock import FileLock
 
@@ -38,6 +38,9 @@ from data.config import DataConfig, temperature_weights
 from data.errors import ConfigError, DataError
 from data.files import atomic_write
 from data.vocab import Vocab, extend_vocab, load_vocab, train_vocab
+
+if TYPE_CHECKING:
+    import datasets
 
 SPLITS = ("train", "valid", "test")
 CACHE_FORMAT = 1
@@ -231,7 +234,7 @@ def _mixed_training_set(settings: DataConfig, vocab: Vocab, encoded: Callable[[s
     reports = [split.report for _, split, _, _ in parts]
     report = CleanReport(**{field: sum(getattr(r, field) for r in reports) for field in ("read", "empty", "too_long",
                                                                                         "ratio", "duplicates")})
-    return Split(dataset=datasets.concatenate_datasets([split.dataset for _, split, _, _ in parts]),
+    return Split(dataset=corpus.concatenate([split.dataset for _, split, _, _ in parts]),
                  src_lengths=np.diff(tokens.src_offsets), tgt_lengths=np.diff(tokens.tgt_offsets),
                  report=report, cache_entry=entry, tokens=tokens)
 
@@ -293,7 +296,7 @@ def _resolve_vocab(settings: DataConfig, run_dir: Path, given: Vocab | None, *, 
             weights = temperature_weights([len(ds) for ds in train], settings.temperature)
             train = [ds.select(_weighted_rows(len(ds), w, seed=seed, corpus=i))
                      for i, (ds, w) in enumerate(zip(train, weights))]
-        train = train[0] if len(train) == 1 else datasets.concatenate_datasets(train)
+        train = corpus.concatenate(train)
         sentences, total = corpus.sample_sentences(train, settings.vocab_sample, seed=seed)
         reserved = f", reserving {', '.join(settings.tags)}" if settings.tags else ""
         log(f"data: training a {settings.vocab_size}-piece BPE vocabulary on {total} sentences "
@@ -371,5 +374,4 @@ def _encoded_split(settings: DataConfig, split: str, vocab: Vocab, *, cache_dir:
 
 
 def _open(entry: Path, files: list[str]) -> datasets.Dataset:
-    parts = [datasets.Dataset.from_file(str(entry / name)) for name in files]
-    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    return corpus.concatenate([corpus.open_arrow(entry / name) for name in files])

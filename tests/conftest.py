@@ -8,6 +8,9 @@ import pytest
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Imported here, at collection, as the project imports it only where a corpus is read: the library's log handlers
+# bind the stderr of the moment they are made, which inside a test would be that test's capture (closed after it).
+import datasets  # noqa: E402,F401
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "data"

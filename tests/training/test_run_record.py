@@ -75,8 +75,10 @@ def test_data_revision_pins_the_hub_dataset_and_is_recorded(monkeypatch, tmp_pat
         seen.update(kwargs, path=path)
         raise ConnectionError("offline")
 
-    monkeypatch.setattr(corpus_module.datasets, "load_dataset", load_dataset)
-    monkeypatch.setattr(corpus_module.datasets.config, "HF_HUB_OFFLINE", True)
+    import datasets
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)  # data.corpus imports datasets where it reads
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     with pytest.raises(DataError):
         corpus_module.load(source, cache_dir=tmp_path)
     assert seen == {"path": "wmt/wmt14", "revision": "abc123"}

@@ -16,10 +16,10 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from omegaconf import OmegaConf
-from torch.utils.tensorboard import SummaryWriter
 
 from data.files import atomic_write
 from transformer import distributed
@@ -27,6 +27,9 @@ from transformer.config import TrainJob
 from transformer.checkpoint import TrainState
 from transformer.training.budget import time_to_end
 from transformer.evaluation.scoring import package_versions
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 log = logging.getLogger("train")
 
@@ -51,6 +54,9 @@ class EventWriter:
     TensorBoard events. Checkpoints are written apart (a full disk stops the run at the next one)."""
 
     def __init__(self, log_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter  # here: ~0.4 s of every start that writes no events
+
+        self._methods = SummaryWriter
         self._writer: SummaryWriter | None = SummaryWriter(str(log_dir))
         self._log_dir = log_dir
         if threading.excepthook is not _quiet_event_thread:  # its thread's traceback: said in one line here
@@ -58,7 +64,9 @@ class EventWriter:
             threading.excepthook = _quiet_event_thread
 
     def __getattr__(self, name: str):
-        method = getattr(SummaryWriter, name)
+        if name.startswith("_"):  # own attributes (before __init__, e.g. in copy.copy): never SummaryWriter's
+            raise AttributeError(name)
+        method = getattr(self._methods, name)
 
         def guarded(*args, **kwargs):
             if self._writer is None:
