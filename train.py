@@ -42,7 +42,11 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest, started: float) -
     job, dist, device = start_processes(job, cfg, argv)
     run_dir = Path(job.run_dir)
     # With distill.teacher: the teacher's translations of the training sources become the corpus (resumable).
+    # That is the pipeline's step before the student's training: train.max_time counts from its end.
+    translating = time.monotonic()
     job = with_distilled_data(job, run_dir, rank=dist.rank, world_size=dist.world_size, device=device)
+    if job.distill.teacher is not None:
+        started += time.monotonic() - translating
 
     # 2. Start or resume: the checkpoint, the vocabulary, the data; then the live objects of the run.
     start = resume_or_initialise(job, run_dir)

@@ -5,6 +5,8 @@
         --baseline runs/original_multi30k_en_de_deep_shallow --threads 1,2 --write docs/DISTILLATION.md
     python benchmarks/distill.py --teacher RUN --student RUN --lines 50 --threads 1 --smoke   # every step, briefly
 
+`--teacher A B`: an ensemble of A and B (one row; its parameters are the members' together).
+
 Each model translates the test set (default: Multi30k's test_2016_flickr EN→DE from this repository's test data
 beside the checkout) with its own run's search (the teacher's beam 4 and α 0.6; a student preset's greedy
 search), in fp32 and in int8 (`decode.precision=int8`: dynamically quantised linear layers), at each thread
@@ -44,7 +46,8 @@ def timed(translator: Translator, sources: list[str]) -> tuple[list[str], float]
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--teacher", required=True, help="a run directory or checkpoint")
+    p.add_argument("--teacher", required=True, nargs="+",
+                   help="a run directory or checkpoint, or several: an ensemble (as distill.teacher=[...])")
     p.add_argument("--student", action="append", default=[], help="a distilled student (repeat for several)")
     p.add_argument("--baseline", action="append", default=[], help="a student shape trained on the original data")
     p.add_argument("--src", type=Path, default=DATA / "test_2016_flickr.en")
@@ -60,7 +63,7 @@ def main() -> int:
     references = args.ref.read_text(encoding="utf-8").splitlines()[: args.lines]
     tokenized = (args.tok_ref.read_text(encoding="utf-8").splitlines()[: args.lines]
                  if args.tok_ref and args.tok_ref.is_file() else None)
-    models = [("teacher", args.teacher)] + [("student", s) for s in args.student] + [
+    models = [("teacher", args.teacher if len(args.teacher) > 1 else args.teacher[0])] + [("student", s) for s in args.student] + [
         ("student, original data", b) for b in args.baseline]
     precisions = ["fp32"] if args.smoke else ["fp32", "int8"]
     thread_counts = [int(t) for t in args.threads.split(",")]
@@ -82,7 +85,8 @@ def main() -> int:
                                f"{lc_bleu(hypotheses, tokenized, args.lang).score:.2f}" if tokenized else "-"]
                 decode = translator.decode
                 search = "greedy" if decode.beam == 1 else f"beam {decode.beam}, α {decode.lenpen:g}"
-                rows.append([role, f"`{path}`", f"{parameters(translator):.1f}M", search, precision, threads,
+                shown = " + ".join(f"`{name}`" for name in path) if isinstance(path, list) else f"`{path}`"
+                rows.append([role, shown, f"{parameters(translator):.1f}M", search, precision, threads,
                              f"{speed:.1f}", f"{speed / teacher_speed[threads]:.2f}×", *quality])
     section = "\n".join([
         HEADING, "",

@@ -178,12 +178,13 @@ def test_attention_mask_smoke_counts_unpadded_batches_and_times_the_encoder(shar
 
 
 def test_distill_smoke_rows_teacher_and_students_with_speed_ratio_and_quality(tiny_run, tmp_path):
-    """benchmarks/distill.py: a row per model (the tiny run as teacher and as student) with its parameters, its
-    search, sentences/s, the ratio to the teacher at the same thread count (1.00× for the teacher) and BLEU."""
+    """benchmarks/distill.py: a row per model (an ensemble of the tiny run twice as teacher, the tiny run as
+    student) with its parameters (the ensemble's: both members'), its search, sentences/s, the ratio to the
+    teacher at the same thread count (1.00× for the teacher) and BLEU."""
     source, reference = tiny_run.files("test")
     markdown = tmp_path / "DISTILLATION.md"
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "distill.py"), "--smoke", "--teacher",
-                             str(tiny_run.run_dir), "--student", str(tiny_run.run_dir), "--src", str(source),
+                             str(tiny_run.run_dir), str(tiny_run.run_dir), "--student", str(tiny_run.run_dir), "--src", str(source),
                              "--ref", str(reference), "--tok-ref", "", "--lines", "10", "--threads", "1",
                              "--write", str(markdown)], cwd=ROOT, capture_output=True, text=True, timeout=300,
                             env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1",
@@ -191,9 +192,11 @@ def test_distill_smoke_rows_teacher_and_students_with_speed_ratio_and_quality(ti
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     section = markdown.read_text(encoding="utf-8")
     assert "## Teacher and students: quality and decoding speed" in section and "(10 lines)" in section
-    rows = re.findall(r"^\| (teacher|student) \| `[^`]+` \| [\d.]+M \| ([^|]+) \| fp32 \| 1 \| ([\d.]+) \| ([\d.]+)× \| "
-                      r"([\d.]+) \| - \|$", section, re.M)
-    assert [row[0] for row in rows] == ["teacher", "student"] and rows[0][3] == "1.00", section
+    rows = re.findall(r"^\| (teacher|student) \| `[^`]+`(?: \+ `[^`]+`)* \| ([\d.]+)M \| ([^|]+) \| fp32 \| 1 \| "
+                      r"([\d.]+) \| ([\d.]+)× \| ([\d.]+) \| - \|$", section, re.M)
+    assert [row[0] for row in rows] == ["teacher", "student"] and rows[0][4] == "1.00", section
+    assert f"`{tiny_run.run_dir}` + `{tiny_run.run_dir}`" in section, section  # the teacher: one ensemble row
+    assert float(rows[0][1]) == pytest.approx(2 * float(rows[1][1]), abs=0.15), rows
 
 
 def test_step_profile_smoke_splits_an_update_into_its_phases_and_operator_kinds(tiny_run, tmp_path):

@@ -119,6 +119,25 @@ def test_a_run_killed_while_its_teacher_translates_resumes_from_the_chunks_writt
             == (tmp_path / "whole" / "distilled" / "train.de").read_bytes())
 
 
+def test_the_teachers_translation_is_not_counted_in_the_students_max_time(corpus, teacher, tmp_path, monkeypatch):
+    """train.max_time budgets the student's training: the teacher's translation before it (the pipeline's first
+    step) does not count. On a fake clock the translation takes a day; an hour's budget still trains every update."""
+    import time
+
+    real, offset = time.monotonic, [0.0]
+    monkeypatch.setattr(time, "monotonic", lambda: real() + offset[0])
+    original = Translator.translate_nbest
+
+    def a_day_each(self, texts, *args, **kwargs):
+        offset[0] += 86400.0
+        return original(self, texts, *args, **kwargs)
+
+    monkeypatch.setattr(Translator, "translate_nbest", a_day_each)
+    trained = run(corpus, tmp_path / "student", {**KEEP_ALL, "distill.teacher": teacher, "distill.beam": 1,
+                                                 "train.max_time": 3600, "train.max_steps": 3})
+    assert offset[0] >= 86400 and trained["step"] == 3
+
+
 def test_another_teacher_for_the_same_run_and_a_hub_corpus_are_one_line_errors(corpus, teacher, tmp_path):
     student = tmp_path / "student"
     run(corpus, student, {**KEEP_ALL, "distill.teacher": teacher, "distill.beam": 1, "train.max_steps": 1})
