@@ -56,8 +56,10 @@ def test_the_multi30k_presets_stop_near_their_validation_best_within_two_hours_a
         assert (t.keep_last, t.average_last) == (5, 5), name  # the EN→DE preset's window of 15 is its own
         assert t.test_at_end == (name != "bt_multi30k_de_en"), name
     for name in ("distill_multi30k_en_de_deep_shallow", "distill_multi30k_en_de_narrow"):
-        distilled = job(f"experiment={name}").train
-        assert (distilled.max_time, distilled.test_at_end, distilled.average_last) == (3600, True, 5), name
+        distilled = job(f"experiment={name}")
+        t, m = distilled.train, distilled.model
+        assert (t.max_time, t.test_at_end, t.average_last) == (3600, True, 5), name
+        assert (m.decoder_layers, m.norm_first) == (1, True), name  # a deep post-norm encoder barely learnt here
 
 
 @pytest.mark.parametrize("preset", sorted(p.stem for p in (ROOT / "configs" / "model").glob("*.yaml")))
