@@ -63,7 +63,7 @@ def main() -> int:
     references = args.ref.read_text(encoding="utf-8").splitlines()[: args.lines]
     tokenized = (args.tok_ref.read_text(encoding="utf-8").splitlines()[: args.lines]
                  if args.tok_ref and args.tok_ref.is_file() else None)
-    models = [("teacher", args.teacher if len(args.teacher) > 1 else args.teacher[0])] + [("student", s) for s in args.student] + [
+    models = [("teacher", args.teacher)] + [("student", s) for s in args.student] + [  # Translator.load takes a list
         ("student, original data", b) for b in args.baseline]
     precisions = ["fp32"] if args.smoke else ["fp32", "int8"]
     thread_counts = [int(t) for t in args.threads.split(",")]
