@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from data.errors import DataError
-from data.files import atomic_write
+from data.files import atomic_write, sha256_of
 from data.errors import one_line
 from data.lines import count_lines, raw_lines
 from data.vocab import MarianVocab, Vocab, load_vocab
@@ -118,13 +118,10 @@ class FileHashes:
         known = self._known.get(str(file))
         if known and known[:2] == [st.st_size, st.st_mtime_ns]:
             return [st.st_size, known[2]]
-        sha = hashlib.sha256()
-        with open(file, "rb") as f:
-            while chunk := f.read(1 << 24):
-                sha.update(chunk)
-        self._known[str(file)] = [st.st_size, st.st_mtime_ns, sha.hexdigest()]
+        sha = sha256_of(file)
+        self._known[str(file)] = [st.st_size, st.st_mtime_ns, sha]
         atomic_write(self.path, json.dumps(self._known, indent=0), what="hash cache")
-        return [st.st_size, sha.hexdigest()]
+        return [st.st_size, sha]
 
 
 def digest(obj) -> str:

@@ -8,6 +8,7 @@ WriteError and leaves whatever was at the path before intact.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import secrets
 import shutil
@@ -103,11 +104,20 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def sha256_of(path: Path) -> str:
+    """The SHA-256 of a file's bytes, read 16 MiB at a time."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
 def file_identity(path: Path) -> dict:
-    """What tells a file's version apart (a resumed job must read the same files): its resolved path, its size
-    and its modification time."""
-    stat = path.stat()
-    return {"path": str(path.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    """What tells a file's version apart (a resumed job must read the same files): its size and the SHA-256 of
+    its bytes. Not its path or modification time: a corpus or checkpoint copied, moved, restored from a backup or
+    mounted again is the same file, and a resumed job goes on with it (about a second a GB to hash)."""
+    return {"bytes": path.stat().st_size, "sha256": sha256_of(path)}
 
 
 def remove_quietly(path: Path) -> None:

@@ -6,6 +6,7 @@ are arbitrary but deterministic, which is all these tests compare. Searches are 
 source to stay fast.
 """
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -104,6 +105,31 @@ def test_ranks_share_the_chunks_and_the_last_to_finish_joins_them(disagreeing_ch
     assert sorted(p.name for p in parts_dir(output).glob("[0-9]*.txt")) == [f"{c:09d}.txt" for c in (1, 3, 5, 7, 9)]
     monkeypatch.setenv("RANK", "0")
     assert translate_to(checkpoint, corpus_file, output, capsys, monkeypatch, "chunk_lines=5") == reference
+
+
+def test_the_same_bytes_moved_or_copied_resume_and_other_bytes_are_refused(disagreeing_checkpoints, corpus_file,
+                                                                          tmp_path, capsys, monkeypatch):
+    """request.json knows the input and the checkpoint by their bytes: rank 1's chunks are joined by a rank 0
+    that reads the input from another folder and a copy of the checkpoint (a corpus mounted again, a run restored
+    from a backup); an input whose bytes changed is refused, naming it."""
+    checkpoint = disagreeing_checkpoints[0]
+    reference = translate_to(checkpoint, corpus_file, tmp_path / "reference.txt", capsys, monkeypatch)
+    output = tmp_path / "sharded.txt"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert translate_to(checkpoint, corpus_file, output, capsys, monkeypatch, "chunk_lines=5") == []
+    moved = tmp_path / "elsewhere" / "mono.txt"
+    moved.parent.mkdir()
+    corpus_file.rename(moved)
+    copy = tmp_path / "restored.pt"
+    shutil.copyfile(checkpoint, copy)  # another path, another modification time, the same bytes
+    monkeypatch.setenv("RANK", "0")
+    changed = tmp_path / "changed.txt"
+    changed.write_text(moved.read_text(encoding="utf-8").replace("cat", "cow", 1), encoding="utf-8")
+    args = [f"checkpoint={copy}", f"output={output}", "chunk_lines=5", "device=cpu", "quiet=true", *FAST]
+    error = user_error(translate, [*args, f"input={changed}"], capsys, monkeypatch)
+    assert "holds chunks of another translation (different: input)" in error
+    assert translate_to(copy, moved, output, capsys, monkeypatch, "chunk_lines=5") == reference
 
 
 @pytest.mark.slow

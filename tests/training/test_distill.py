@@ -5,6 +5,7 @@ chunks written, and one killed while training never translates again."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -66,7 +67,18 @@ def test_the_student_trains_on_the_teachers_translations_line_for_line(corpus, t
                           "decode.max_len_b=5"]) == 0
     assert "BLEU" in json.loads((student / "eval" / "valid" / "scores.json").read_text())["scores"]
     seen.clear()
-    again = run(corpus, student, {**KEEP_ALL, "distill.teacher": teacher, "model.encoder_layers": 2, "train.max_steps": 5})
+    # The source and the teacher's files with a new modification time, the same bytes (a corpus mounted again,
+    # checkpoints restored from a backup): still the finished translation.
+    files = [corpus.prefixes["train"].with_suffix(".en"), *sorted(teacher.glob("checkpoints/*.pt"))]
+    times = [(f.stat().st_atime_ns, f.stat().st_mtime_ns) for f in files]
+    try:
+        for f in files:
+            os.utime(f, ns=(times[0][0], times[0][1] + 86_400 * 10**9))
+        again = run(corpus, student, {**KEEP_ALL, "distill.teacher": teacher, "model.encoder_layers": 2,
+                                      "train.max_steps": 5})
+    finally:
+        for f, t in zip(files, times):
+            os.utime(f, ns=t)
     assert again["step"] == 5 and seen == []
 
 

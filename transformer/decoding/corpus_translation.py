@@ -12,10 +12,10 @@ rank finds every chunk written when it finishes its own joins them. A chunk's ou
 rank or the number of ranks that translated it (sampling and noise are seeded per line number), so a run may
 resume with a different number of processes.
 
-`<output>.parts/request.json` records what the chunks are a translation of (the input file's path, size and
-modification time, the chunk size, the model and search settings); resuming with anything else is refused
-with a one-line error, since joining chunks of two different requests would give a corpus that neither
-asked for.
+`<output>.parts/request.json` records what the chunks are a translation of (the input file's size and SHA-256,
+the chunk size, the models' files and the search settings): the same bytes resume wherever they were moved or
+copied; anything else is refused with a one-line error, since joining chunks of two different requests would
+give a corpus that neither asked for.
 
 Into a stream (stdout), chunks are translated and written in order as they are done; nothing to resume.
 """
@@ -35,7 +35,7 @@ from typing import BinaryIO, Callable, Sequence, TextIO
 from tqdm import tqdm
 
 from data.errors import ConfigError, WriteError
-from data.files import atomic_write
+from data.files import atomic_write, file_identity
 from data.lock import hold, releasing_locks
 from data.lines import chunks, count_lines, decode_line
 from transformer.decoding.translation import Translation, Translator
@@ -97,8 +97,7 @@ def translate_file(translator: Translator, input: Path, output: Path, render: Re
              "or give another output=")
     total = count_lines(input)
     n_chunks = -(-total // chunk_lines)
-    _claim(parts, {"input": str(input.resolve()), "input_bytes": input.stat().st_size,
-                   "input_mtime_ns": input.stat().st_mtime_ns, "chunk_lines": chunk_lines, **request})
+    _claim(parts, {"input": file_identity(input), "chunk_lines": chunk_lines, **request})
     done = written_chunks(parts)
     mine = [c for c in range(n_chunks) if shard.owns(c)]
     lines_of = lambda c: min(chunk_lines, total - c * chunk_lines)  # noqa: E731

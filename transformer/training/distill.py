@@ -12,8 +12,9 @@ as a second corpus with that weight (data.extra_train's rules).
 The translation is transformer/decoding/corpus_translation.py's: chunk by chunk, each written atomically, sharded
 over the run's processes (rank r translates chunks r, r + W, ...), so a run killed while its teacher translates
 starts again from the chunks already written, and a run killed while training resumes from its checkpoint
-without translating again: run_dir/distilled/request.json records the finished translation (the teacher's files,
-the search, the source file), and a run whose teacher or search differs from it is refused in one line.
+without translating again: run_dir/distilled/request.json records the finished translation (the teacher's files
+and the source file by their bytes, the search), and a run whose teacher, source or search differs from it is
+refused in one line.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def with_distilled_data(job: TrainJob, run_dir: Path, *, rank: int, world_size: 
     request = {"teacher": [file_identity(ckpt.resolve(name)) for name in teachers(job)], "beam": d.beam,
                "source": file_identity(source), "chunk_lines": d.chunk_lines}
     if not _finished(record, request):
-        translator = Translator.load(teachers(job) if len(teachers(job)) > 1 else teachers(job)[0], device)
+        translator = Translator.load(teachers(job), device)
         if d.beam is not None:
             translator = translator.with_decode(beam=d.beam)
         log.info("distill: the teacher (%s; beam %d) translates %s into %s", ", ".join(teachers(job)),
