@@ -211,9 +211,9 @@ def _markdown_tables(text: str) -> dict[str, list[list[str]]]:
 
 def test_two_appended_rows_render_as_the_papers_tables(tmp_path):
     path = tmp_path / "eval" / "table.md"
-    append_table_row(path, {"model": "base", "lang": "de", "bleu": 27.312, "tokbleu": 27.9, "steps": 100000,
+    append_table_row(path, {"model": "base", "set": "wmt14", "lang": "de", "bleu": 27.312, "tokbleu": 27.9, "steps": 100000,
                             "gpu_hours": 96, "flops": training_flops(44_000_000, 2_500_000_000)}, table="2")
-    append_table_row(path, {"model": "big", "lang": "fr", "bleu": 41.0, "tokbleu": None, "ppl": 4.33,
+    append_table_row(path, {"model": "big", "set": "newstest2013", "lang": "fr", "bleu": 41.0, "tokbleu": None, "ppl": 4.33,
                             "steps": 300000, "params": 213_000_000, "N": 6, "d_model": 1024, "d_ff": 4096,
                             "h": 16, "d_k": 64, "d_v": 64, "p_drop": 0.3, "eps_ls": 0.1, "positions": "sinusoidal"},
                      table="both")
@@ -221,18 +221,18 @@ def test_two_appended_rows_render_as_the_papers_tables(tmp_path):
     assert len(tables) == 2
     (table2_heading, table2), (table3_heading, table3) = tables.items()
     assert "Table 2" in table2_heading and "Table 3" in table3_heading
-    assert table2[0] == ["Model", "EN-DE BLEU (sacreBLEU)", "EN-DE tokBLEU", "EN-FR BLEU (sacreBLEU)",
+    assert table2[0] == ["Model", "Test set", "EN-DE BLEU (sacreBLEU)", "EN-DE tokBLEU", "EN-FR BLEU (sacreBLEU)",
                          "EN-FR tokBLEU", "Training steps", "GPU-hours", "Training FLOPs"]
-    assert table3[0] == ["Model", "N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "ε_ls", "positions",
+    assert table3[0] == ["Model", "Dev set", "N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "ε_ls", "positions",
                          "train steps", "PPL (dev)", "BLEU (dev)", "params ×10^6"]
     assert [title for title, _, _ in TABLE2_COLUMNS] == table2[0]
     assert [title for title, _, _ in TABLE3_COLUMNS] == table3[0]
     assert all(set(cell) == {"-"} for cell in table2[1]) and all(set(cell) == {"-"} for cell in table3[1])
     assert table2[2:] == [
-        ["base", "27.31", "27.90", "–", "–", "100000", "96.0", "6.6 · 10^17"],
-        ["big", "–", "–", "41.00", "–", "300000", "–", "–"],
+        ["base", "wmt14", "27.31", "27.90", "–", "–", "100000", "96.0", "6.6 · 10^17"],
+        ["big", "newstest2013", "–", "–", "41.00", "–", "300000", "–", "–"],
     ]
-    assert table3[2:] == [["big", "6", "1024", "4096", "16", "64", "64", "0.3", "0.1", "sinusoidal", "300000", "4.33",
+    assert table3[2:] == [["big", "newstest2013", "6", "1024", "4096", "16", "64", "64", "0.3", "0.1", "sinusoidal", "300000", "4.33",
                            "–", "213"]]
     for table in (table2, table3):
         assert len({len(row) for row in table}) == 1
@@ -242,7 +242,7 @@ def test_table2_keeps_other_target_languages_out_of_its_columns(tmp_path, caplog
     path = tmp_path / "table.md"
     append_table_row(path, {"model": "finetuned", "lang": "ro", "bleu": 30.1, "tokbleu": 31.2, "steps": 5})
     (_, table2), _ = _markdown_tables(path.read_text(encoding="utf-8")).items()
-    assert table2[2:] == [["finetuned (→ro)", "–", "–", "–", "–", "5", "–", "–"]]
+    assert table2[2:] == [["finetuned (→ro)", "–", "–", "–", "–", "–", "5", "–", "–"]]
     assert "EN-DE and EN-FR columns only" in caplog.text
 
 

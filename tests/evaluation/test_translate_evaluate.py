@@ -412,7 +412,7 @@ def test_evaluate_prints_the_sacrebleu_cli_lines_and_the_published_figures_of_a_
     assert lines[2].startswith("tokBLEU|tok:moses-de|split:compound|") and score_of(lines[2]) in (35.75, 35.76)
     rows = [line for line in table.read_text(encoding="utf-8").splitlines() if line.startswith(f"| {FAIR} |")]
     assert len(rows) == 1
-    assert rows[0].startswith(f"| {FAIR} | 34.97 | {score_of(lines[2]):.2f} | – | – |")
+    assert rows[0].startswith(f"| {FAIR} | newstest2014.en-de | 34.97 | {score_of(lines[2]):.2f} | – | – |")
 
 
 @pytest.mark.slow
@@ -462,7 +462,7 @@ def test_the_tiny_model_reaches_bleu_90_through_translate_and_evaluate(tiny_run,
     flops = 6 * (sum(t.numel() for t in trained["model"].values()) - m["vocab_size"] * m["d_model"]) \
         * trained["train_tokens"]
     mantissa, exponent = f"{flops:.1e}".split("e")
-    assert rows == [f"| tiny | {score_of(lines[0]):.2f} | {score_of(lines[2]):.2f} | – | – | {TINY_STEPS} | – | "
+    assert rows == [f"| tiny | test | {score_of(lines[0]):.2f} | {score_of(lines[2]):.2f} | – | – | {TINY_STEPS} | – | "
                     f"{mantissa} · 10^{int(exponent)} |"]
 
 
@@ -487,7 +487,7 @@ def test_a_dev_set_adds_a_table3_row_with_the_model_shape_and_its_perplexity(tin
     assert scores["ppl"] == pytest.approx(math.exp(nll / count), rel=1e-4)
     m = state["model_config"]
     params = sum(t.numel() for t in model.state_dict().values())
-    expected = [f"| tiny | 2 | 64 | 128 | 4 | 16 | 16 | 0 | 0 | sinusoidal | {TINY_STEPS} | {scores['ppl']:.2f} | "
+    expected = [f"| tiny | valid | 2 | 64 | 128 | 4 | 16 | 16 | 0 | 0 | sinusoidal | {TINY_STEPS} | {scores['ppl']:.2f} | "
                 f"{score_of(lines[2]):.2f} | {params / 1e6:.0f} |"]
     assert (m["encoder_layers"], m["d_model"], m["d_ff"], m["heads"]) == (2, 64, 128, 4)
     table = (run_dir / "eval" / "table.md").read_text(encoding="utf-8").split("## Table 3")
@@ -503,7 +503,7 @@ def test_evaluate_names_the_row_of_a_loose_checkpoint_after_its_file(tiny_run, t
     table = tmp_path / "table.md"
     run_evaluate([f"checkpoint={loose}", f"hyp={ref}", f"ref={ref}", f"table={table}"], capsys)
     rows = [line for line in table.read_text(encoding="utf-8").splitlines() if line.startswith("| my-model |")]
-    assert len(rows) == 1 and rows[0].startswith(f"| my-model | 100.00 | 100.00 | – | – | {TINY_STEPS} |")
+    assert len(rows) == 1 and rows[0].startswith(f"| my-model | test | 100.00 | 100.00 | – | – | {TINY_STEPS} |")
     assert not (tmp_path / "eval").exists()  # no run directory: files only where out= says
 
 

@@ -224,8 +224,8 @@ def table_row(job: EvaluateJob, results: dict, record: dict | None, run_dir: Pat
               split: str) -> dict:
     """One row for the paper's Table 2 (test) or Table 3 (dev)."""
     scores = results["scores"]
-    row = {"model": row_name(job, run_dir), "lang": lang, "bleu": scores["BLEU"]["score"],
-           "tokbleu": scores["tokBLEU"]["score"], "ppl": results.get("ppl")}
+    row = {"model": row_name(job, run_dir), "set": results.get("testset"), "lang": lang,
+           "bleu": scores["BLEU"]["score"], "tokbleu": scores["tokBLEU"]["score"], "ppl": results.get("ppl")}
     if record is not None:
         m = model_config_with_defaults(record["model_config"])  # a record from before d_k or positions existed
         state = TrainState.read(record)

@@ -31,9 +31,10 @@ def training_flops(params_non_embedding: int, tokens: int) -> float:
     return 6.0 * float(params_non_embedding) * float(tokens)
 
 
-# The row a caller passes: one evaluation of one model. `lang` (the target language) places bleu/tokbleu in
-# Table 2's EN-DE or EN-FR columns; in Table 3 "BLEU (dev)" is tokbleu, the paper's metric.
-ROW_KEYS = ("model", "lang", "bleu", "tokbleu", "ppl", "steps", "params", "gpu_hours", "flops",
+# The row a caller passes: one evaluation of one model. `set` names the test or dev set it was scored on (the
+# paper's are newstest2014 and newstest2013; a row of any other set says so); `lang` (the target language)
+# places bleu/tokbleu in Table 2's EN-DE or EN-FR columns; in Table 3 "BLEU (dev)" is tokbleu, the paper's metric.
+ROW_KEYS = ("model", "set", "lang", "bleu", "tokbleu", "ppl", "steps", "params", "gpu_hours", "flops",
             "N", "d_model", "d_ff", "h", "d_k", "d_v", "p_drop", "eps_ls", "positions")
 _MISSING = "–"  # an en dash, for a value a run does not have
 
@@ -66,6 +67,7 @@ def _millions(value: Any) -> str:
 # (column title, key of the expanded row, number format), in the paper's order
 TABLE2_COLUMNS = [
     ("Model", "model", _text),
+    ("Test set", "set", _text),
     ("EN-DE BLEU (sacreBLEU)", "en_de_bleu", _fixed(2)),
     ("EN-DE tokBLEU", "en_de_tokbleu", _fixed(2)),
     ("EN-FR BLEU (sacreBLEU)", "en_fr_bleu", _fixed(2)),
@@ -76,6 +78,7 @@ TABLE2_COLUMNS = [
 ]
 TABLE3_COLUMNS = [
     ("Model", "model", _text),  # the paper's unlabelled first column (base, (A), ..., big)
+    ("Dev set", "set", _text),
     ("N", "N", _integer),
     ("d_model", "d_model", _integer),
     ("d_ff", "d_ff", _integer),
@@ -91,8 +94,9 @@ TABLE3_COLUMNS = [
     ("params ×10^6", "params", _millions),
 ]
 _TABLES = {
-    "2": ("## Table 2: newstest2014 (test): BLEU and training cost", TABLE2_COLUMNS),
-    "3": ("## Table 3: variations on the base model, newstest2013 (dev); BLEU is tokBLEU", TABLE3_COLUMNS),
+    "2": ("## Table 2: test BLEU and training cost (the paper's test set: newstest2014)", TABLE2_COLUMNS),
+    "3": ("## Table 3: variations on the base model, dev PPL and BLEU (the paper's dev set: newstest2013); BLEU is "
+          "tokBLEU", TABLE3_COLUMNS),
 }
 
 
@@ -126,7 +130,7 @@ def _table_lines(table: str) -> list[str]:
 def append_table_row(table_path: str | os.PathLike, row: dict[str, Any], table: str = "2") -> None:
     """Append one evaluation to Table 2 ("2": a test-set run), Table 3 ("3": a dev-set run) or both ("both").
 
-    `row` holds any of ROW_KEYS: model (a name), lang (target language: "de" fills Table 2's EN-DE
+    `row` holds any of ROW_KEYS: model (a name), set (the test or dev set's name), lang (target language: "de" fills Table 2's EN-DE
     columns, "fr" its EN-FR ones), bleu (sacreBLEU), tokbleu, ppl, steps, params (a count; shown in
     millions), gpu_hours, flops, and the architecture N, d_model, d_ff, h, d_k, d_v, p_drop, eps_ls, positions
     (sinusoidal | learned).
