@@ -89,7 +89,7 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest, started: float) -
         log.info("training stopped at update %d: %s", run.state.step, reason)
     run.close()
     if reason != "a stop signal" and dist.is_main:
-        finish(run, argv)
+        finish(run, argv, ended_by=reason)
     return 0
 
 

@@ -72,9 +72,18 @@ def test_the_wall_clock_is_saved_in_every_checkpoint_and_carried_over_a_resume(c
 def test_a_resumed_run_whose_budget_is_spent_stops_before_another_update(corpus, tmp_path, capfd):
     run_dir = tmp_path / "run"
     first = run(corpus, run_dir, {"train.max_steps": 2, "train.save_every_steps": 1})
+    assert resume_line(capfd.readouterr().err).count("train.max_steps=") == 1  # the limit that ended it, raised
     again = run(corpus, run_dir, {"train.max_steps": 10, "train.max_time": first["wall_seconds"] * 0.9})
     assert again["step"] == 2
-    assert "training stopped at update 2: max_time=" in capfd.readouterr().err
+    err = capfd.readouterr().err
+    assert "training stopped at update 2: max_time=" in err
+    # The summary's resume command raises max_time, the limit that ended the run, in place of its old value.
+    resume = resume_line(err)
+    assert resume.count("train.max_time=") == 1 and "train.max_time=<more seconds>" in resume, resume
+
+
+def resume_line(stderr: str) -> str:
+    return next(line for line in stderr.splitlines() if line.endswith("# resumes where this run stopped"))
 
 
 def test_a_finished_max_time_run_started_again_prices_its_work_from_the_checkpoint_and_trains_no_more(corpus,

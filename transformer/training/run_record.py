@@ -182,9 +182,20 @@ def peak_resident_mib() -> float:
     return kib / 2**20 if sys.platform == "darwin" else kib / 1024
 
 
-def print_summary(job, argv: list[str]) -> None:
+def resume_command(argv: list[str], ended_by: str | None) -> str:
+    """The command that trains on past the limit that ended the run (`ended_by`: train.py's stop reason), its
+    earlier value of that key dropped from the command line."""
+    reason = ended_by or ""
+    key = ("train.max_time" if reason.startswith("max_time") else "train.max_epochs" if reason.startswith("max_epochs")
+           else "train.patience" if "(patience)" in reason else "train.max_steps")
+    kept = [a for a in argv if a.lstrip("+").split("=", 1)[0] != key]
+    more = "<more seconds>" if key == "train.max_time" else "<more>"
+    return f"python train.py {' '.join(kept)} {key}={more}    # resumes where this run stopped"
+
+
+def print_summary(job, argv: list[str], ended_by: str | None = None) -> None:
     """The run's peak resident memory (the log), where everything of a finished run is, and what to try next
-    (stderr)."""
+    (stderr; `ended_by`: the limit that ended training, which the resume command raises)."""
     log.info("peak resident memory %.0f MiB (this process)", peak_resident_mib())
     run_dir = Path(job.run_dir)
     test_prefix, d = job.data.test_prefix, job.data
@@ -210,5 +221,5 @@ def print_summary(job, argv: list[str]) -> None:
         "next:",
         f"  python translate.py checkpoint={model} < {test_src}",
         f"  python evaluate.py checkpoint={model} src={test_src} ref={test_ref}",
-        f"  python train.py {' '.join(argv)} train.max_steps=<more>    # resumes where this run stopped",
+        f"  {resume_command(argv, ended_by)}",
     ]), file=sys.stderr, flush=True)

@@ -122,14 +122,15 @@ def score_test_split(run: Run) -> None:
             log.info("example | src: %s | hyp: %s | ref: %s", src, hyp, ref)
 
 
-def finish(run: Run, argv: list[str]) -> None:
+def finish(run: Run, argv: list[str], ended_by: str | None = None) -> None:
     """Average the last `train.average_last` numbered checkpoints; with train.test_at_end, score the averaged
-    model on the test split (`score_test_split`); say where everything is."""
+    model on the test split (`score_test_split`); say where everything is and how to train on past `ended_by`
+    (the limit that ended training)."""
     run_dir, job = run.run_dir, run.job
     steps = [s for s, _ in ckpt.list_numbered(run_dir)][-job.train.average_last:]
     if not steps:
         log.warning("no checkpoint to average or test: the run stopped before its first update")
-        print_summary(job, argv)
+        print_summary(job, argv, ended_by)
         return
     averaged = ckpt.average([ckpt.numbered_path(run_dir, s) for s in steps])
     ckpt.save(averaged, ckpt.averaged_path(run_dir))
@@ -137,4 +138,4 @@ def finish(run: Run, argv: list[str]) -> None:
     if job.train.test_at_end:
         run.model.load_state_dict(averaged["model"])
         score_test_split(run)
-    print_summary(job, argv)
+    print_summary(job, argv, ended_by)
