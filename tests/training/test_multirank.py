@@ -66,8 +66,8 @@ REPORTING_TRAIN = textwrap.dedent("""
 SLOW_FINISH = "\n".join([
     "import time",
     "real_finish = train.finish",
-    "train.finish = lambda run, argv: (time.sleep(3 * float(os.environ['TRANSFORMER_DIST_TIMEOUT_S'])),",
-    "                                  real_finish(run, argv))",
+    "train.finish = lambda run, argv, **kw: (time.sleep(3 * float(os.environ['TRANSFORMER_DIST_TIMEOUT_S'])),",
+    "                                        real_finish(run, argv, **kw))",
 ])
 
 
