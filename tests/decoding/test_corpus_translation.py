@@ -92,16 +92,23 @@ def test_killed_while_writing_a_chunk_the_same_command_resumes_with_no_line_lost
     assert not parts.exists()
 
 
-def test_ranks_share_the_chunks_and_the_last_to_finish_joins_them(disagreeing_checkpoints, corpus_file, tmp_path,
-                                                                  capsys, monkeypatch):
-    """Ranks run one after the other here (as on machines sharing a filesystem): rank 1 leaves its chunks,
-    rank 0 finds every chunk written and joins them, in input order."""
-    checkpoint = disagreeing_checkpoints[0]
+def rank_1_leaves_its_chunks(checkpoint, corpus_file, tmp_path, capsys, monkeypatch):
+    """(the whole translation of `corpus_file` by one process, the output) after rank 1 of 2 has written its
+    chunks of 5 lines (1, 3, 5, 7, 9) into the output's parts folder and left, as a killed run would."""
     reference = translate_to(checkpoint, corpus_file, tmp_path / "reference.txt", capsys, monkeypatch)
     output = tmp_path / "sharded.txt"
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     assert translate_to(checkpoint, corpus_file, output, capsys, monkeypatch, "chunk_lines=5") == []
+    return reference, output
+
+
+def test_ranks_share_the_chunks_and_the_last_to_finish_joins_them(disagreeing_checkpoints, corpus_file, tmp_path,
+                                                                  capsys, monkeypatch):
+    """Ranks run one after the other here (as on machines sharing a filesystem): rank 1 leaves its chunks,
+    rank 0 finds every chunk written and joins them, in input order."""
+    checkpoint = disagreeing_checkpoints[0]
+    reference, output = rank_1_leaves_its_chunks(checkpoint, corpus_file, tmp_path, capsys, monkeypatch)
     assert sorted(p.name for p in parts_dir(output).glob("[0-9]*.txt")) == [f"{c:09d}.txt" for c in (1, 3, 5, 7, 9)]
     monkeypatch.setenv("RANK", "0")
     assert translate_to(checkpoint, corpus_file, output, capsys, monkeypatch, "chunk_lines=5") == reference
@@ -113,11 +120,7 @@ def test_the_same_bytes_moved_or_copied_resume_and_other_bytes_are_refused(disag
     that reads the input from another folder and a copy of the checkpoint (a corpus mounted again, a run restored
     from a backup); an input whose bytes changed is refused, naming it."""
     checkpoint = disagreeing_checkpoints[0]
-    reference = translate_to(checkpoint, corpus_file, tmp_path / "reference.txt", capsys, monkeypatch)
-    output = tmp_path / "sharded.txt"
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("RANK", "1")
-    assert translate_to(checkpoint, corpus_file, output, capsys, monkeypatch, "chunk_lines=5") == []
+    reference, output = rank_1_leaves_its_chunks(checkpoint, corpus_file, tmp_path, capsys, monkeypatch)
     moved = tmp_path / "elsewhere" / "mono.txt"
     moved.parent.mkdir()
     corpus_file.rename(moved)
