@@ -140,8 +140,9 @@ def compare_systems(job: EvaluateJob, files: list[str]) -> int:
         log.info("wrote significance.md and significance.json in %s", job.out)
     if job.table:
         for system in result.systems:
-            append_table_row(job.table, {"model": Path(system.name).name, "set": test.name, "lang": lang, "bleu": system.bleu.score,
-                                         "tokbleu": system.tokbleu}, table=evaluation.table_kind(job, test.name))
+            append_table_row(job.table, {"model": Path(system.name).name, "set": test.name, "lang": lang,
+                                         "bleu": system.bleu.score, "tokbleu": system.tokbleu},
+                             table=evaluation.table_kind(job, test.name))
         log.info("appended %d rows to %s", len(result.systems), job.table)
     return 0
 

@@ -13,8 +13,8 @@ search), in fp32 and in int8 (`decode.precision=int8`: dynamically quantised lin
 count. Speed is sentences per second of `Translator.translate` over the whole set after one warm-up pass over
 its first 50 lines (the models in turns, so that the machine's load falls on each alike), and the ratio to the
 teacher's fp32 speed at the same thread count; quality is each precision's translation's sacreBLEU (int8 costs
-some) and, with a tokenised reference, lcBLEU (the Multi30k papers' metric), scored at the first thread count. `--baseline`: the same student shape trained on the original
-targets, the distillation gain's other side.
+some) and, with a tokenised reference, lcBLEU (the Multi30k papers' metric), scored at the first thread count.
+`--baseline`: the same student shape trained on the original targets, the distillation gain's other side.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def main() -> int:
     references = args.ref.read_text(encoding="utf-8").splitlines()[: args.lines]
     tokenized = (args.tok_ref.read_text(encoding="utf-8").splitlines()[: args.lines]
                  if args.tok_ref and args.tok_ref.is_file() else None)
-    models = [("teacher", args.teacher)] + [("student", s) for s in args.student] + [  # Translator.load takes a list
-        ("student, original data", b) for b in args.baseline]
+    models = [("teacher", args.teacher)] + [("student", [s]) for s in args.student] + [  # each a list of checkpoints
+        ("student, original data", [b]) for b in args.baseline]
     precisions = ["fp32"] if args.smoke else ["fp32", "int8"]
     thread_counts = [int(t) for t in args.threads.split(",")]
     load_before = load_average()
@@ -85,9 +85,9 @@ def main() -> int:
                                f"{lc_bleu(hypotheses, tokenized, args.lang).score:.2f}" if tokenized else "-"]
                 decode = translator.decode
                 search = "greedy" if decode.beam == 1 else f"beam {decode.beam}, α {decode.lenpen:g}"
-                shown = " + ".join(f"`{name}`" for name in path) if isinstance(path, list) else f"`{path}`"
-                rows.append([role, shown, f"{parameters(translator):.1f}M", search, precision, threads,
-                             f"{speed:.1f}", f"{speed / teacher_speed[threads]:.2f}×", *quality])
+                rows.append([role, " + ".join(f"`{name}`" for name in path), f"{parameters(translator):.1f}M",
+                             search, precision, threads, f"{speed:.1f}", f"{speed / teacher_speed[threads]:.2f}×",
+                             *quality])
     section = "\n".join([
         HEADING, "",
         measured_on("distill.py", threads=max(thread_counts), load_before=load_before)

@@ -211,10 +211,11 @@ def _markdown_tables(text: str) -> dict[str, list[list[str]]]:
 
 def test_two_appended_rows_render_as_the_papers_tables(tmp_path):
     path = tmp_path / "eval" / "table.md"
-    append_table_row(path, {"model": "base", "set": "wmt14", "lang": "de", "bleu": 27.312, "tokbleu": 27.9, "steps": 100000,
-                            "gpu_hours": 96, "flops": training_flops(44_000_000, 2_500_000_000)}, table="2")
-    append_table_row(path, {"model": "big", "set": "newstest2013", "lang": "fr", "bleu": 41.0, "tokbleu": None, "ppl": 4.33,
-                            "steps": 300000, "params": 213_000_000, "N": 6, "d_model": 1024, "d_ff": 4096,
+    append_table_row(path, {"model": "base", "set": "wmt14", "lang": "de", "bleu": 27.312, "tokbleu": 27.9,
+                            "steps": 100000, "gpu_hours": 96, "flops": training_flops(44_000_000, 2_500_000_000)},
+                     table="2")
+    append_table_row(path, {"model": "big", "set": "newstest2013", "lang": "fr", "bleu": 41.0, "tokbleu": None,
+                            "ppl": 4.33, "steps": 300000, "params": 213_000_000, "N": 6, "d_model": 1024, "d_ff": 4096,
                             "h": 16, "d_k": 64, "d_v": 64, "p_drop": 0.3, "eps_ls": 0.1, "positions": "sinusoidal"},
                      table="both")
     tables = _markdown_tables(path.read_text(encoding="utf-8"))
@@ -232,8 +233,8 @@ def test_two_appended_rows_render_as_the_papers_tables(tmp_path):
         ["base", "wmt14", "27.31", "27.90", "–", "–", "100000", "96.0", "6.6 · 10^17"],
         ["big", "newstest2013", "–", "–", "41.00", "–", "300000", "–", "–"],
     ]
-    assert table3[2:] == [["big", "newstest2013", "6", "1024", "4096", "16", "64", "64", "0.3", "0.1", "sinusoidal", "300000", "4.33",
-                           "–", "213"]]
+    assert table3[2:] == [["big", "newstest2013", "6", "1024", "4096", "16", "64", "64", "0.3", "0.1", "sinusoidal",
+                           "300000", "4.33", "–", "213"]]
     for table in (table2, table3):
         assert len({len(row) for row in table}) == 1
 

@@ -184,9 +184,10 @@ def test_distill_smoke_rows_teacher_and_students_with_speed_ratio_and_quality(ti
     source, reference = tiny_run.files("test")
     markdown = tmp_path / "DISTILLATION.md"
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "distill.py"), "--smoke", "--teacher",
-                             str(tiny_run.run_dir), str(tiny_run.run_dir), "--student", str(tiny_run.run_dir), "--src", str(source),
-                             "--ref", str(reference), "--tok-ref", "", "--lines", "10", "--threads", "1",
-                             "--write", str(markdown)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                             str(tiny_run.run_dir), str(tiny_run.run_dir), "--student", str(tiny_run.run_dir),
+                             "--src", str(source), "--ref", str(reference), "--tok-ref", "", "--lines", "10",
+                             "--threads", "1", "--write", str(markdown)], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300,
                             env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1",
                                  "HF_HUB_OFFLINE": "1", "HOME": str(tmp_path)})
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]

@@ -72,8 +72,8 @@ def test_the_student_trains_on_the_teachers_translations_line_for_line(corpus, t
     files = [corpus.prefixes["train"].with_suffix(".en"), *sorted(teacher.glob("checkpoints/*.pt"))]
     times = [(f.stat().st_atime_ns, f.stat().st_mtime_ns) for f in files]
     try:
-        for f in files:
-            os.utime(f, ns=(times[0][0], times[0][1] + 86_400 * 10**9))
+        for f, (accessed, modified) in zip(files, times):
+            os.utime(f, ns=(accessed, modified + 86_400 * 10**9))
         again = run(corpus, student, {**KEEP_ALL, "distill.teacher": teacher, "model.encoder_layers": 2,
                                       "train.max_steps": 5})
     finally:

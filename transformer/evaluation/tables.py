@@ -130,10 +130,10 @@ def _table_lines(table: str) -> list[str]:
 def append_table_row(table_path: str | os.PathLike, row: dict[str, Any], table: str = "2") -> None:
     """Append one evaluation to Table 2 ("2": a test-set run), Table 3 ("3": a dev-set run) or both ("both").
 
-    `row` holds any of ROW_KEYS: model (a name), set (the test or dev set's name), lang (target language: "de" fills Table 2's EN-DE
-    columns, "fr" its EN-FR ones), bleu (sacreBLEU), tokbleu, ppl, steps, params (a count; shown in
-    millions), gpu_hours, flops, and the architecture N, d_model, d_ff, h, d_k, d_v, p_drop, eps_ls, positions
-    (sinusoidal | learned).
+    `row` holds any of ROW_KEYS: model (a name), set (the test or dev set's name), lang (target language: "de"
+    fills Table 2's EN-DE columns, "fr" its EN-FR ones), bleu (sacreBLEU), tokbleu, ppl, steps, params (a count;
+    shown in millions), gpu_hours, flops, and the architecture N, d_model, d_ff, h, d_k, d_v, p_drop, eps_ls,
+    positions (sinusoidal | learned).
     Numbers are formatted per column; a missing key or None shows "–"; an unknown key is an error.
     Creates the file with both tables when absent; the write is atomic.
     """
