@@ -1,11 +1,12 @@
 """The interop command line: OPUS-MT / Marian models in, ours out to Hugging Face and CTranslate2.
 
     python -m transformer.hf import SRC RUN_DIR [--src-lang en --tgt-lang is]
-    python -m transformer.hf export CHECKPOINT_OR_RUN_DIR OUT_DIR [--ctranslate2 DIR [--quantization int8]]
+    python -m transformer.hf export CHECKPOINT_OR_RUN_DIR [OUT_DIR] [--ctranslate2 DIR [--quantization int8]]
 
 `import` turns a `MarianMTModel` directory into a run directory of ours, `export` writes a post-norm model of ours
-as a `MarianMTModel` directory (transformer/interop/marian.py says how, both ways) and, with `--ctranslate2
-DIR`, as a CTranslate2 model (transformer/interop/ct2_export.py). Needs `pip install -e '.[hf]'`.
+as a `MarianMTModel` directory (OUT_DIR; transformer/interop/marian.py says how, both ways) and, with
+`--ctranslate2 DIR`, as a CTranslate2 model (transformer/interop/ct2_export.py), which a pre-norm model (the
+students of docs/DISTILLATION.md) exports to alone: MarianMTModel is post-norm only. Needs `pip install -e '.[hf]'`.
 """
 
 from __future__ import annotations
@@ -49,11 +50,18 @@ def check_cli_paths(args: argparse.Namespace) -> None:
             check_output_dir(value, key, inputs=inputs)
 
 
-def _exportable(checkpoint: str):
+def _exportable(args: argparse.Namespace):
     """The checkpoint's model, vocabulary and data settings, or a one-line refusal where an export would lose what
     the model needs; read before the export's dependencies are looked for, so the refusal does not wait on them."""
+    checkpoint = args.checkpoint
+    if args.out_dir is None and not args.ctranslate2:
+        raise InteropError("export writes nothing: give OUT_DIR (a MarianMTModel directory), --ctranslate2 DIR, "
+                           "or both")
     model, vocab, state = load_model(checkpoint)
     data = (state.get("config") or {}).get("data") or {}
+    if model.config.norm_first and args.out_dir is not None:
+        raise InteropError(f"{checkpoint} is a pre-norm model (model.norm_first=true) and MarianMTModel is post-norm "
+                           "only: drop OUT_DIR and export the CTranslate2 model alone (--ctranslate2 DIR)")
     if language_tags(data):
         raise InteropError(f"{checkpoint} is a multilingual model (into {', '.join(language_tags(data))}): "
                            "MarianTokenizer and CTranslate2 would not put its target-language tag first, "
@@ -71,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     imp.add_argument("--tgt-lang", help="target language code (default: the tokenizer config's, if any)")
     exp = commands.add_parser("export", help="a checkpoint or run directory -> a MarianMTModel directory")
     exp.add_argument("checkpoint", help="a run directory or a .pt file")
-    exp.add_argument("out_dir", help="the Hugging Face directory to write")
+    exp.add_argument("out_dir", nargs="?", help="the Hugging Face directory to write (post-norm models)")
     exp.add_argument("--ctranslate2", metavar="DIR", help="also write a CTranslate2 model to DIR")
     exp.add_argument("--quantization", choices=QUANTIZATIONS, help="CTranslate2 weight type (default float32)")
     args = parser.parse_args(argv)
@@ -80,8 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         check_cli_paths(args)
         if getattr(args, "quantization", None) and not args.ctranslate2:
             raise InteropError("--quantization applies to the CTranslate2 model: give --ctranslate2 DIR too")
-        exported = _exportable(args.checkpoint) if args.command == "export" else None
-        needs = ["transformers"] + (["ctranslate2"] if getattr(args, "ctranslate2", None) else [])
+        exported = _exportable(args) if args.command == "export" else None
+        needs = ((["transformers"] if args.command == "import" or args.out_dir is not None else [])
+                 + (["ctranslate2"] if getattr(args, "ctranslate2", None) else []))
         missing = [name for name in needs if not _importable(name)]
         if missing:
             raise InteropError(f"python -m transformer.hf {args.command} needs {' and '.join(missing)}, which "
@@ -89,10 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     except (InteropError, ckpt.CheckpointError, DataError, ConfigError) as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
-    from transformers.utils import logging as transformers_logging
+    if "transformers" in needs:
+        from transformers.utils import logging as transformers_logging
 
-    transformers_logging.disable_progress_bar()  # stderr keeps to our lines: an error is one line
-    transformers_logging.set_verbosity_error()
+        transformers_logging.disable_progress_bar()  # stderr keeps to our lines: an error is one line
+        transformers_logging.set_verbosity_error()
     try:
         if args.command == "import":
             if Path(args.run_dir, "checkpoints").exists():
@@ -102,9 +112,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"train.py experiment=finetune init_from={args.run_dir} {train_overrides(config)} ...")
         else:
             model, vocab, data = exported
-            out = export_marian(model, vocab, args.out_dir, src_lang=data.get("src_lang"),
-                                tgt_lang=data.get("tgt_lang"))
-            print(f"wrote {out} (MarianMTModel, MarianTokenizer)")
+            if args.out_dir is not None:
+                out = export_marian(model, vocab, args.out_dir, src_lang=data.get("src_lang"),
+                                    tgt_lang=data.get("tgt_lang"))
+                print(f"wrote {out} (MarianMTModel, MarianTokenizer)")
             if args.ctranslate2:
                 ct2 = export_ctranslate2(model, vocab, args.ctranslate2, quantization=args.quantization)
                 print(f"wrote {ct2} (CTranslate2, {args.quantization or 'float32'})")

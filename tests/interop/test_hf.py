@@ -274,11 +274,12 @@ def hf_translate(directory: Path, lines, *, beam: int):
     return tokenizer.batch_decode(generated, skip_special_tokens=True)
 
 
-def ct2_translate(directory: Path, vocab, lines, *, beam: int, compute_type: str = "float32"):
+def ct2_translate(directory: Path, vocab, lines, *, beam: int, compute_type: str = "float32",
+                  suppress: tuple[str, ...] = ("<pad>", "<s>")):
     translator = ctranslate2.Translator(str(directory), device="cpu", compute_type=compute_type, intra_threads=1)
     pieces = [vocab.pieces(row) for row in vocab.encode(lines)]
     results = translator.translate_batch(pieces, beam_size=beam, length_penalty=1.0, max_decoding_length=CAP,
-                                         suppress_sequences=[["<pad>"], ["<s>"]], patience=4)
+                                         suppress_sequences=[[token] for token in suppress], patience=4)
     # patience: CTranslate2's default (1) stops once beam_size hypotheses have ended, as generate's
     # early_stopping=True; ours runs on while an open one can win (on a 500-update tiny model: 93 vs 100 of 100).
     sp = spm.SentencePieceProcessor(model_proto=(directory / "target.spm").read_bytes())
@@ -324,6 +325,53 @@ def test_round_trip_of_a_trained_model_reproduces_its_weights(exported, tmp_path
     assert again_vocab.model_proto == translator.vocab.model_proto
 
 
+@pytest.mark.slow
+def test_a_pre_norm_model_exports_to_ctranslate2_alone_and_scores_as_ours(tmp_path, spm_models, capsys,
+                                                                          one_torch_thread):
+    """The students of docs/DISTILLATION.md are pre-norm: MarianMTModel cannot hold them, CTranslate2 can.
+    Every weight random (the LayerNorms' too), so a LayerNorm left out or put in the wrong place changes the
+    scores; CTranslate2's log-probability of each target token is ours, and its greedy output is ours."""
+    model_path = pre_norm_checkpoint(tmp_path, spm_models, randomise=True)
+    assert hf.main(["export", str(model_path), "--ctranslate2", str(tmp_path / "ct2")]) == 0, capsys.readouterr().err
+    assert not (tmp_path / "hf").exists()
+    model, vocab, _ = marian_interop.load_model(model_path)
+    src_ids = [row + [vocab.eos_id] for row in vocab.encode(PROBES)]
+    tgt_ids = [row + [vocab.eos_id] for row in vocab.encode_target(TARGET_TEXT[: len(PROBES)])]
+    with torch.no_grad():
+        logits = model(pad_rows(src_ids, vocab.pad_id, "cpu"),
+                       pad_rows([[vocab.bos_id] + row[:-1] for row in tgt_ids], vocab.pad_id, "cpu"))
+    ours_log_probs = [torch.log_softmax(logits[i, : len(row)].double(), -1)[range(len(row)), row].tolist()
+                      for i, row in enumerate(tgt_ids)]
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+    scored = translator.score_batch([vocab.pieces(row[:-1]) for row in src_ids],
+                                    [vocab.pieces(row[:-1]) for row in tgt_ids])
+    for theirs, ours_row in zip(scored, ours_log_probs):
+        torch.testing.assert_close(torch.tensor(theirs.log_probs, dtype=torch.float64),
+                                   torch.tensor(ours_row, dtype=torch.float64), atol=1e-3, rtol=1e-4)
+    expected = ours(Translator.load(model_path, "cpu"), PROBES, beam=1, lenpen=0.0)
+    assert ct2_translate(tmp_path / "ct2", vocab, PROBES, beam=1, suppress=("<pad>",)) == expected  # Marian ids
+
+
+def pre_norm_checkpoint(tmp_path: Path, spm_models, *, randomise: bool = False) -> Path:
+    """A checkpoint of ours with a pre-norm model (from an imported random Marian model's state)."""
+    from transformer import checkpoint as ckpt
+    from transformer.model import Transformer, TransformerConfig
+
+    good = write_marian(tmp_path / "good", spm_models, activation="relu", separate_spm=False)
+    state = ckpt.load(marian_interop.import_marian(good, tmp_path / "run")[0])
+    pre_norm = TransformerConfig(**{**state["model_config"], "norm_first": True})
+    torch.manual_seed(0)
+    model = Transformer(pre_norm)
+    if randomise:
+        with torch.no_grad():
+            for name, tensor in model.named_parameters():
+                is_norm_gain = "norm" in name and name.endswith("weight")
+                tensor.copy_(1 + 0.2 * torch.randn_like(tensor) if is_norm_gain else 0.5 * torch.randn_like(tensor))
+    ckpt.save({**state, "model_config": dataclasses.asdict(pre_norm), "model": model.state_dict()},
+              tmp_path / "pre.pt")
+    return tmp_path / "pre.pt"
+
+
 # ------------------------------------------------------------------------------------------ refusals
 
 
@@ -336,23 +384,18 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 def test_cli_refuses_what_it_cannot_represent_in_one_line(tmp_path, spm_models, capsys):
     """The first case through a real `python -m transformer.hf` process, the others through its `main` in this
     process (the same code and stderr, without another start of torch and transformers)."""
-    from transformer import checkpoint as ckpt
-    from transformer.model import Transformer, TransformerConfig
-
     marian = write_marian(tmp_path / "tanh", spm_models, activation="relu", separate_spm=False)
     config = json.loads((marian / "config.json").read_text())
     (marian / "config.json").write_text(json.dumps({**config, "activation_function": "tanh"}))
     bart = tmp_path / "bart"
     bart.mkdir()
     (bart / "config.json").write_text(json.dumps({"model_type": "bart"}))
-    good = write_marian(tmp_path / "good", spm_models, activation="relu", separate_spm=False)
-    state = ckpt.load(marian_interop.import_marian(good, tmp_path / "run")[0])
-    pre_norm = TransformerConfig(**{**state["model_config"], "norm_first": True})
-    ckpt.save({**state, "model_config": dataclasses.asdict(pre_norm), "model": Transformer(pre_norm).state_dict()},
-              tmp_path / "pre.pt")
+    pre_norm = pre_norm_checkpoint(tmp_path, spm_models)
     cases = [(("import", str(marian), str(tmp_path / "a")), "activation 'tanh'"),
              (("import", str(bart), str(tmp_path / "b")), "model_type='bart'"),
-             (("export", str(tmp_path / "pre.pt"), str(tmp_path / "c")), "pre-norm")]
+             (("export", str(pre_norm), str(tmp_path / "c"), "--ctranslate2", str(tmp_path / "d")),
+              "MarianMTModel is post-norm only: drop OUT_DIR"),
+             (("export", str(pre_norm)), "export writes nothing")]
     for number, (args, named) in enumerate(cases):
         if number == 0:
             result = cli(*args)

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from data.vocab import MarianVocab, Vocab
-from transformer.interop.marian import MAX_POSITIONS, InteropError, refuse_table3_variants
+from transformer.interop.marian import MAX_POSITIONS, refuse_table3_variants
 from transformer.model import Transformer, sinusoids
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
@@ -29,19 +29,18 @@ def vocabulary_tokens(vocab: Vocab | MarianVocab) -> tuple[list[str], list[str]]
 def ctranslate2_spec(model: Transformer, source: list[str], target: list[str], *,
                      max_positions: int = MAX_POSITIONS):
     """A CTranslate2 `TransformerSpec` of `model` with these token strings for the source and target ids:
-    post-norm layers, our sinusoid table, our start token (bos_id), sources ended by EOS automatically."""
+    its layers post-norm or pre-norm (with the stacks' final LayerNorms) as the model's, our sinusoid table, our
+    start token (bos_id), sources ended by EOS automatically."""
     config = model.config
     refuse_table3_variants(config, "CTranslate2")
     from ctranslate2.specs import common_spec, transformer_spec
 
-    if config.norm_first:
-        raise InteropError("CTranslate2 export of a pre-norm model is not supported: export a post-norm model")
     activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
                   "swish": common_spec.Activation.SWISH}[config.activation]
-    encoder = transformer_spec.TransformerEncoderSpec(config.encoder_layers, config.heads, pre_norm=False,
-                                                      activation=activation)
-    decoder = transformer_spec.TransformerDecoderSpec(config.decoder_layers, config.heads, pre_norm=False,
-                                                      activation=activation)
+    encoder = transformer_spec.TransformerEncoderSpec(config.encoder_layers, config.heads,
+                                                      pre_norm=config.norm_first, activation=activation)
+    decoder = transformer_spec.TransformerDecoderSpec(config.decoder_layers, config.heads,
+                                                      pre_norm=config.norm_first, activation=activation)
 
     def array(tensor: torch.Tensor):  # a copy: CTranslate2 quantises the spec's arrays in place
         return tensor.detach().to("cpu", torch.float32, memory_format=torch.contiguous_format, copy=True).numpy()
@@ -59,6 +58,9 @@ def ctranslate2_spec(model: Transformer, source: list[str], target: list[str], *
         linear(spec.linear_1, layer.ffn.w2)
         norm(spec.layer_norm, layer.ffn_norm)
 
+    if config.norm_first:  # pre-norm: each stack ends with a LayerNorm (transformer/model.py)
+        norm(encoder.layer_norm, model.encoder.final_norm)
+        norm(decoder.layer_norm, model.decoder.final_norm)
     table = array(sinusoids(max_positions, config.d_model))
     for stack_spec, embedding in ((encoder, model.embedding), (decoder, model.output_embedding)):
         stack_spec.scale_embeddings = config.scale_embedding
