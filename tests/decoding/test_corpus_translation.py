@@ -184,6 +184,38 @@ def test_two_ranks_joining_at_once_leave_one_output_and_no_error(tmp_path):
         join(parts, output, 3)
 
 
+def test_a_rank_joining_while_the_first_still_removes_the_parts_leaves_the_output_to_it(tmp_path, monkeypatch):
+    """The first rank's removal of the parts takes time (a large corpus, a network filesystem); the second rank,
+    reading chunk 0 then, must not find chunk 1 gone while the parts folder is still there (a failed write):
+    the parts vanish all at once, after the output is in place."""
+    import builtins
+    import pathlib
+
+    output = tmp_path / "out.txt"
+    parts = parts_dir(output)
+    parts.mkdir()
+    for chunk, text in enumerate(["a\n", "b\n", "c\n"]):
+        (parts / f"{chunk:09d}.txt").write_text(text)
+    real_open, real_rmtree, first_rank_done = builtins.open, shutil.rmtree, []
+
+    def removal_still_under_way(path, ignore_errors=False, **kwargs):  # chunk 1 removed, the rest not yet
+        next(pathlib.Path(path).rglob("000000001.txt")).unlink()
+
+    def open_then_lose_the_race(path, *args, **kwargs):
+        handle = real_open(path, *args, **kwargs)
+        if not first_rank_done:
+            first_rank_done.append(path)
+            monkeypatch.setattr(shutil, "rmtree", removal_still_under_way)
+            assert join(parts, output, 3) is True
+            monkeypatch.setattr(shutil, "rmtree", real_rmtree)
+        return handle
+
+    monkeypatch.setattr(builtins, "open", open_then_lose_the_race)
+    assert join(parts, output, 3) is False
+    monkeypatch.setattr(builtins, "open", real_open)
+    assert output.read_text() == "a\nb\nc\n" and not parts.exists()
+
+
 def test_resuming_with_other_settings_is_a_one_line_error_naming_them(disagreeing_checkpoints, corpus_file,
                                                                       tmp_path, capsys, monkeypatch):
     output = tmp_path / "bt.txt"

@@ -53,7 +53,8 @@ def test_the_student_trains_on_the_teachers_translations_line_for_line(corpus, t
     and a second run of the command trains on without translating again."""
     seen = translations_seen(monkeypatch)
     student = tmp_path / "student"
-    first = run(corpus, student, {**KEEP_ALL, "distill.teacher": teacher, "model.encoder_layers": 2, "train.max_steps": 3})
+    first = run(corpus, student, {**KEEP_ALL, "distill.teacher": teacher, "model.encoder_layers": 2,
+                                  "train.max_steps": 3})
     sources = source_lines(corpus)
     distilled = (student / "distilled" / "train.de").read_text(encoding="utf-8").splitlines()
     assert sum(seen) == len(sources) == len(distilled) == 300
@@ -119,7 +120,8 @@ def test_a_run_killed_while_its_teacher_translates_resumes_from_the_chunks_writt
         return original(self, texts, *args, **kwargs)
 
     monkeypatch.setattr(Translator, "translate_nbest", dies_in_third_chunk)
-    changes = {**KEEP_ALL, "distill.teacher": teacher, "distill.beam": 1, "distill.chunk_lines": 100, "train.max_steps": 1}
+    changes = {**KEEP_ALL, "distill.teacher": teacher, "distill.beam": 1, "distill.chunk_lines": 100,
+               "train.max_steps": 1}
     with pytest.raises(KeyboardInterrupt):
         run(corpus, tmp_path / "killed", changes)
     monkeypatch.setattr(Translator, "translate_nbest", original)
@@ -129,6 +131,67 @@ def test_a_run_killed_while_its_teacher_translates_resumes_from_the_chunks_writt
     run(corpus, tmp_path / "whole", changes)
     assert ((tmp_path / "killed" / "distilled" / "train.de").read_bytes()
             == (tmp_path / "whole" / "distilled" / "train.de").read_bytes())
+
+
+def test_a_run_killed_after_the_join_and_before_the_record_does_not_translate_again(corpus, teacher, tmp_path,
+                                                                                    monkeypatch):
+    """Killed after the chunks are joined into the corpus and before the record of it is written (its window:
+    the copy of the sources): the same command finds the joined corpus of the pending request and translates
+    nothing; a run with another request in that state translates afresh, not taking the other's corpus."""
+    from transformer.training import distill
+
+    def killed(source, out):
+        raise KeyboardInterrupt
+
+    changes = {**KEEP_ALL, "distill.teacher": teacher, "distill.beam": 1, "train.max_steps": 1}
+    student = tmp_path / "student"
+    monkeypatch.setattr(distill, "_copy", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run(corpus, student, changes)
+    corpus_file = student / "distilled" / "train.de"
+    joined = corpus_file.read_bytes()
+    assert not (student / "distilled" / "request.json").exists()
+    monkeypatch.undo()
+    seen = translations_seen(monkeypatch)
+    run(corpus, student, changes)
+    assert seen == [] and corpus_file.read_bytes() == joined
+    assert not (student / "distilled" / "request.pending.json").exists()
+
+    other = tmp_path / "other"
+    monkeypatch.setattr(distill, "_copy", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run(corpus, other, changes)
+    monkeypatch.undo()
+    seen = translations_seen(monkeypatch)
+    run(corpus, other, {**changes, "distill.beam": 2})
+    assert sum(seen) == 300
+
+
+def test_a_teacher_that_changed_since_its_translation_leaves_the_students_corpus_with_a_warning(
+        corpus, teacher, tmp_path, monkeypatch, capfd):
+    """A teacher run trained on (its checkpoint's bytes changed) after the student's corpus was finished: the
+    student resumes on that corpus, translating nothing, and the log says so; another beam is still refused."""
+    import shutil
+
+    from transformer import checkpoint as ckpt
+
+    moving = tmp_path / "teacher"
+    shutil.copytree(teacher, moving)
+    changes = {**KEEP_ALL, "distill.teacher": moving, "distill.beam": 1, "train.max_steps": 1}
+    student = tmp_path / "student"
+    run(corpus, student, changes)
+    corpus_file = student / "distilled" / "train.de"
+    made = corpus_file.read_bytes()
+    path = ckpt.resolve(str(moving))
+    state = ckpt.load(path)
+    ckpt.save({**state, "step": state["step"] + 1}, path)
+    capfd.readouterr()
+    seen = translations_seen(monkeypatch)
+    assert run(corpus, student, {**changes, "train.max_steps": 2})["step"] == 2
+    assert seen == [] and corpus_file.read_bytes() == made
+    assert "the teacher's files changed since they translated the corpus" in capfd.readouterr().err
+    with pytest.raises(ConfigError, match="different: beam"):
+        run(corpus, student, {**changes, "distill.beam": 2, "train.max_steps": 3})
 
 
 def test_the_teachers_translation_is_not_counted_in_the_students_max_time(corpus, teacher, tmp_path, monkeypatch):
@@ -150,18 +213,26 @@ def test_the_teachers_translation_is_not_counted_in_the_students_max_time(corpus
     assert offset[0] >= 86400 and trained["step"] == 3
 
 
-def test_another_teacher_for_the_same_run_and_a_hub_corpus_are_one_line_errors(corpus, teacher, tmp_path):
+def test_another_beam_for_the_same_run_a_teacher_of_another_pair_and_a_hub_corpus_are_one_line_errors(
+        corpus, teacher, tmp_path):
     student = tmp_path / "student"
     run(corpus, student, {**KEEP_ALL, "distill.teacher": teacher, "distill.beam": 1, "train.max_steps": 1})
     with pytest.raises(ConfigError, match="holds the translation of another request .different: beam"):
         run(corpus, student, {**KEEP_ALL, "distill.teacher": teacher, "distill.beam": 2, "train.max_steps": 2})
+    with pytest.raises(ConfigError, match="translates en→de and the student learns de→en: give a teacher of "
+                                          "de→en"):
+        run(corpus, tmp_path / "reversed", {**KEEP_ALL, "distill.teacher": teacher, "data.src_lang": "de",
+                                            "data.tgt_lang": "en", "train.max_steps": 1})
     with pytest.raises(ConfigError, match="give data.train_prefix"):
-        train_main(corpus.overrides(tmp_path / "hub", {**KEEP_ALL, "distill.teacher": teacher, "data.train_prefix": "null",
-                                                       "data.dataset": str(tmp_path)}))
+        train_main(corpus.overrides(tmp_path / "hub", {**KEEP_ALL, "distill.teacher": teacher,
+                                                       "data.train_prefix": "null", "data.dataset": str(tmp_path)}))
 
 
 def test_original_pairs_join_the_distilled_ones_at_their_weight(corpus, teacher, tmp_path, capfd):
-    run(corpus, tmp_path / "mixed", {**KEEP_ALL, "distill.teacher": teacher, "distill.beam": 1, "distill.original_weight": 1,
-                                     "train.max_steps": 1})
+    """distill.original_weight=0.5: an epoch is the 300 distilled pairs and 150 of the original ones."""
+    run(corpus, tmp_path / "mixed", {**KEEP_ALL, "distill.teacher": teacher, "distill.beam": 1,
+                                     "distill.original_weight": 0.5, "train.max_steps": 1})
     log = capfd.readouterr().err
-    assert "and the original pairs at weight 1" in log
+    assert "and the original pairs at weight 0.5" in log
+    assert "training corpus data.train_prefix/dataset: 300 pairs × weight 1 = 300 pairs an epoch" in log
+    assert "training corpus data.extra_train[0]: 300 pairs × weight 0.5 = 150 pairs an epoch" in log

@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Sequence, TextIO
@@ -138,8 +139,9 @@ def written_chunks(parts: Path) -> set[int]:
 def join(parts: Path, output: Path, n_chunks: int) -> bool:
     """Concatenate chunks 0..n_chunks-1 of `parts` into `output` (atomically), then remove `parts`; returns
     whether this process wrote `output`. Two ranks that both find every chunk written both join: the first to
-    finish renames `output` into place and removes `parts`, and the other, finding its next chunk gone with
-    `parts`, leaves `output` to it (False) instead of reporting a failed write."""
+    finish renames `output` into place and then `parts` out of the way (one rename: the chunks vanish all at
+    once, after `output` is there), and the other, finding its next chunk gone with `parts`, leaves `output`
+    to it (False) instead of reporting a failed write."""
     def write(f):
         for chunk in range(n_chunks):
             with open(parts / f"{chunk:09d}.txt", "rb") as part:
@@ -151,7 +153,12 @@ def join(parts: Path, output: Path, n_chunks: int) -> bool:
         if not parts.exists() and output.is_file():  # another rank joined the chunks, then removed them
             return False
         raise
-    shutil.rmtree(parts, ignore_errors=True)
+    removed = Path(tempfile.mkdtemp(prefix=f"{parts.name}.removed-", dir=parts.parent))
+    try:
+        os.rename(parts, removed / "parts")
+    except FileNotFoundError:  # another rank joined too, and moved them first
+        pass
+    shutil.rmtree(removed, ignore_errors=True)
     return True
 
 

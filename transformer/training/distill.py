@@ -13,8 +13,9 @@ The translation is transformer/decoding/corpus_translation.py's: chunk by chunk,
 over the run's processes (rank r translates chunks r, r + W, ...), so a run killed while its teacher translates
 starts again from the chunks already written, and a run killed while training resumes from its checkpoint
 without translating again: run_dir/distilled/request.json records the finished translation (the teacher's files
-and the source file by their bytes, the search), and a run whose teacher, source or search differs from it is
-refused in one line.
+and the source file by their bytes, the search; request.pending.json the one under way, so that a run killed
+between the join of the chunks and that record finds the joined corpus), and a run whose source or search
+differs from it is refused in one line (teacher files that changed since are warned of: the corpus stays).
 """
 
 from __future__ import annotations
@@ -27,14 +28,14 @@ from pathlib import Path
 
 import torch
 
-from data.config import ExtraCorpus
+from data.config import ExtraCorpus, language_tags
 from data.errors import ConfigError, DataError
 from data.files import atomic_write, file_identity
 from data.lines import count_lines
 from transformer import checkpoint as ckpt
 from transformer import distributed
 from transformer.config import TrainJob
-from transformer.decoding.corpus_translation import Shard, translate_file
+from transformer.decoding.corpus_translation import Shard, parts_dir, translate_file
 from transformer.decoding.translation import Translator
 
 log = logging.getLogger("train")
@@ -64,19 +65,17 @@ def with_distilled_data(job: TrainJob, run_dir: Path, *, rank: int, world_size: 
     request = {"teacher": [file_identity(ckpt.resolve(name)) for name in teachers(job)], "beam": d.beam,
                "source": file_identity(source), "chunk_lines": d.chunk_lines}
     if not _finished(record, request):
-        translator = Translator.load(teachers(job), device)
-        if d.beam is not None:
-            translator = translator.with_decode(beam=d.beam)
-        log.info("distill: the teacher (%s; beam %d) translates %s into %s", ", ".join(teachers(job)),
-                 translator.decode.beam, source, target)
-        render = lambda texts, results, first: "".join(row[0].text + "\n" for row in results)  # noqa: E731
-        translate_file(translator, source, target, render, chunk_lines=d.chunk_lines, request=request,
-                       shard=Shard(rank=rank, world_size=world_size), progress=rank == 0)
-        del translator
+        pending = folder / "request.pending.json"  # the request being translated, until `record` says it is done
+        if not _joined(target, pending, request):
+            if rank == 0:
+                target.unlink(missing_ok=True)  # a translation of another request, joined and never recorded
+                atomic_write(pending, _dumps(request), what="distilled corpus")
+            _translate(job, source, target, request, rank=rank, world_size=world_size, device=device)
         distributed.barrier()  # the rank that wrote the last chunk has joined them into `target`
         if rank == 0:
             atomic_write(copied, lambda f: _copy(source, f), what="distilled corpus")
-            atomic_write(record, json.dumps(request, indent=1, sort_keys=True) + "\n", what="distilled corpus")
+            atomic_write(record, _dumps(request), what="distilled corpus")
+            pending.unlink(missing_ok=True)
         distributed.barrier()
     lines = count_lines(target)
     if lines != count_lines(source) or count_lines(copied) != lines:
@@ -90,16 +89,69 @@ def with_distilled_data(job: TrainJob, run_dir: Path, *, rank: int, world_size: 
                                                              extra_train=[*data.extra_train, *extra]))
 
 
+def _translate(job: TrainJob, source: Path, target: Path, request: dict, *, rank: int, world_size: int,
+               device: torch.device) -> None:
+    """The teacher's translation of `source` into `target`: this rank's chunks, joined by the rank that ends last."""
+    _check_pair(job)
+    translator = Translator.load(teachers(job), device, tgt_lang=job.data.tgt_lang)
+    if job.distill.beam is not None:
+        translator = translator.with_decode(beam=job.distill.beam)
+    log.info("distill: the teacher (%s; beam %d) translates %s into %s", ", ".join(teachers(job)),
+             translator.decode.beam, source, target)
+    render = lambda texts, results, first: "".join(row[0].text + "\n" for row in results)  # noqa: E731
+    translate_file(translator, source, target, render, chunk_lines=job.distill.chunk_lines, request=request,
+                   shard=Shard(rank=rank, world_size=world_size), progress=rank == 0)
+
+
+def _check_pair(job: TrainJob) -> None:
+    """Each teacher translates the student's pair (a multilingual one: into data.tgt_lang, whose tag it is then
+    given); read from the checkpoints' configs before any model is built. A model that does not record its
+    languages (an imported one) is taken at its word."""
+    src, tgt = job.data.src_lang, job.data.tgt_lang
+    for name in teachers(job):
+        path = ckpt.resolve(name)
+        data = (ckpt.load(path, mmap=True).get("config") or {}).get("data") or {}
+        into = list(language_tags(data)) or [data.get("tgt_lang")]
+        if data.get("src_lang") not in (None, src) or None not in into and tgt not in into:
+            raise ConfigError(f"distill.teacher {path} translates {data.get('src_lang')}→{'/'.join(map(str, into))} "
+                              f"and the student learns {src}→{tgt}: give a teacher of {src}→{tgt} (or set "
+                              "data.src_lang/data.tgt_lang to the teacher's pair)")
+
+
+def _joined(target: Path, pending: Path, request: dict) -> bool:
+    """Whether `target` is this request's finished translation whose record was not yet written (a run killed
+    between the join and the record): the chunks are joined (target there, its parts folder gone) for the
+    request the pending record names. Anything else translates (resuming from the chunks written)."""
+    if not target.is_file() or parts_dir(target).exists() or not pending.is_file():
+        return False
+    try:
+        return json.loads(pending.read_text(encoding="utf-8")) == json.loads(json.dumps(request))
+    except (OSError, ValueError):
+        return False
+
+
+def _dumps(request: dict) -> str:
+    return json.dumps(request, indent=1, sort_keys=True) + "\n"
+
+
 def _finished(record: Path, request: dict) -> bool:
-    """Whether run_dir/distilled holds this request's finished translation; a different one is an error."""
+    """Whether run_dir/distilled holds this request's finished translation; another source or beam is an error.
+    Teacher files that changed since (a teacher run that trained on, re-averaged) leave the finished corpus as it
+    is, with a warning: the student resumes on the translation it started with. The chunk size is how the
+    translation was cut, not what it is."""
     if not record.is_file():
         return False
     try:
         before = json.loads(record.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    if before != json.loads(json.dumps(request)):
-        changed = sorted(k for k in {*request, *before} if before.get(k) != request.get(k))
+    after = json.loads(json.dumps(request))
+    changed = sorted(k for k in {*after, *before} - {"chunk_lines"} if before.get(k) != after.get(k))
+    if changed == ["teacher"]:
+        log.warning("distill: the teacher's files changed since they translated the corpus in %s; the student "
+                    "goes on with that translation (delete %s to have the teacher translate again)", record.parent,
+                    record.parent)
+    elif changed:
         raise ConfigError(f"{record.parent} holds the translation of another request (different: {', '.join(changed)}"
                           f"): a run keeps its distilled corpus; use a new run_dir, or delete {record.parent}")
     return True
