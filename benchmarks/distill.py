@@ -15,11 +15,16 @@ its first 50 lines (the models in turns, so that the machine's load falls on eac
 teacher's fp32 speed at the same thread count; quality is each precision's translation's sacreBLEU (int8 costs
 some) and, with a tokenised reference, lcBLEU (the Multi30k papers' metric), scored at the first thread count.
 `--baseline`: the same student shape trained on the original targets, the distillation gain's other side.
+`--ctranslate2`: each greedy model of one checkpoint (the students) also exported to CTranslate2 in int8
+(`python -m transformer.hf export RUN --ctranslate2 DIR --quantization int8`, into a temporary folder) and timed
+there: `translate_batch` with greedy search, batches of 64 sentences, `intra_threads` = the thread count.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,6 +49,30 @@ def timed(translator: Translator, sources: list[str]) -> tuple[list[str], float]
     return hypotheses, len(sources) / (time.perf_counter() - started)
 
 
+def ctranslate2_timed(translator: Translator, sources: list[str], directory: Path, threads: int):
+    """(translations, sentences/s) of `translator`'s model exported to CTranslate2 int8, greedy."""
+    import ctranslate2
+    import sentencepiece as spm
+
+    from transformer.interop.ct2_export import export_ctranslate2
+
+    if not (directory / "model.bin").is_file():
+        export_ctranslate2(translator.model, translator.vocab, directory, quantization="int8")
+    engine = ctranslate2.Translator(str(directory), device="cpu", compute_type="int8", intra_threads=threads)
+    target = spm.SentencePieceProcessor(model_file=str(directory / "target.spm"))
+    pieces = [translator.vocab.pieces(row) for row in translator.vocab.encode(sources)]
+
+    def translate(batch):
+        results = engine.translate_batch(batch, beam_size=1, max_batch_size=64,
+                                         suppress_sequences=[["<pad>"], ["<s>"]])
+        return [target.decode_pieces(r.hypotheses[0]) for r in results]
+
+    translate(pieces[:50])  # warm-up, as `timed`
+    started = time.perf_counter()
+    hypotheses = translate(pieces)
+    return hypotheses, len(sources) / (time.perf_counter() - started)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--teacher", required=True, nargs="+",
@@ -57,6 +86,8 @@ def main() -> int:
     p.add_argument("--lines", type=int, default=None, help="the first N lines only")
     p.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
     p.add_argument("--smoke", action="store_true", help="int8 skipped: every step once, for the test suite")
+    p.add_argument("--ctranslate2", action="store_true",
+                   help="the greedy one-checkpoint models in CTranslate2 int8 too")
     p.add_argument("--write", type=Path, help="Markdown file whose section to replace")
     args = p.parse_args()
     sources = args.src.read_text(encoding="utf-8").splitlines()[: args.lines]
@@ -69,13 +100,18 @@ def main() -> int:
     thread_counts = [int(t) for t in args.threads.split(",")]
     load_before = load_average()
     rows, teacher_speed = [], {}
+    exports = Path(tempfile.mkdtemp(prefix="distill-ct2-"))
     for threads in thread_counts:
         torch.set_num_threads(threads)
-        for role, path in models:
-            for precision in precisions:
-                translator = Translator.load(path, "cpu")
-                translator = translator.with_decode(precision=precision)
-                hypotheses, speed = timed(translator, sources)
+        for number, (role, path) in enumerate(models):
+            in_ct2 = args.ctranslate2 and len(path) == 1 and Translator.load(path, "cpu").decode.beam == 1
+            for precision in precisions + (["int8, CTranslate2"] if in_ct2 else []):
+                translator = Translator.load(path, "cpu")  # a fresh one: its weights packed for this precision
+                if precision == "int8, CTranslate2":
+                    hypotheses, speed = ctranslate2_timed(translator, sources, exports / str(number), threads)
+                else:
+                    translator = translator.with_decode(precision=precision)
+                    hypotheses, speed = timed(translator, sources)
                 if role == "teacher" and precision == "fp32":
                     teacher_speed[threads] = speed
                 quality = ["", ""]
@@ -88,6 +124,7 @@ def main() -> int:
                 rows.append([role, " + ".join(f"`{name}`" for name in path), f"{parameters(translator):.1f}M",
                              search, precision, threads, f"{speed:.1f}", f"{speed / teacher_speed[threads]:.2f}×",
                              *quality])
+    shutil.rmtree(exports)
     section = "\n".join([
         HEADING, "",
         measured_on("distill.py", threads=max(thread_counts), load_before=load_before)

@@ -235,3 +235,25 @@ def test_compile_step_smoke_times_eager_and_compiled(tmp_path):
                       section, re.M)
     assert [row[0] for row in rows] == ["bf16"], section
     assert all(int(graphs) >= 1 and recompiled == "0" for _, graphs, recompiled in rows), rows
+
+
+@pytest.mark.extras("ctranslate2")
+def test_distill_ctranslate2_rows_translate_as_our_greedy_search(tiny_run, tmp_path, one_torch_thread,
+                                                                  monkeypatch):
+    """benchmarks/distill.py --ctranslate2: the student exported to CTranslate2 int8 in a folder of the run and
+    timed there; its greedy translations are ours, but for what int8 changes (most lines the same)."""
+    import importlib.util
+
+    from transformer.decoding.translation import Translator
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # as running the script does: its _common beside it
+    spec = importlib.util.spec_from_file_location("distill_benchmark", ROOT / "benchmarks" / "distill.py")
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    source, _ = tiny_run.files("test")
+    lines = source.read_text(encoding="utf-8").splitlines()[:40]
+    greedy = Translator.load(tiny_run.run_dir, "cpu").with_decode(beam=1, lenpen=0.0)
+    hypotheses, speed = benchmark.ctranslate2_timed(greedy, lines, tmp_path / "ct2", threads=1)
+    assert (tmp_path / "ct2" / "model.bin").is_file() and speed > 0
+    same = sum(a == b for a, b in zip(hypotheses, greedy.translate(lines)))
+    assert len(hypotheses) == 40 and same >= 30, same
