@@ -55,7 +55,7 @@ def test_the_multi30k_presets_stop_near_their_validation_best_within_two_hours_a
         assert (t.max_steps, t.max_time) == (steps, None), name
         assert (t.keep_last, t.average_last) == (5, 5), name  # the EN→DE preset's window of 15 is its own
         assert t.test_at_end == (name != "bt_multi30k_de_en"), name
-    for name, hours in (("distill_multi30k_en_de_deep_shallow", 2), ("distill_multi30k_en_de_narrow", 1)):
+    for name, hours in (("distill_multi30k_en_de_deep_shallow", 2), ("distill_multi30k_en_de_narrow", 2)):
         distilled = job(f"experiment={name}")
         t, m = distilled.train, distilled.model
         assert (t.max_time, t.test_at_end, t.average_last) == (3600 * hours, True, 5), name
