@@ -309,6 +309,9 @@ class TrainJob:
         require(top is None or 0 <= top <= deepest,
                 f"train.train_top_layers={top} must be null (train every layer) or an integer from 0 to {deepest} "
                 f"(the model has {self.model.encoder_layers} encoder and {self.model.decoder_layers} decoder layers)")
+        require(self.data.temperature is None or self.distill.original_weight in (0, 1),
+                f"distill.original_weight={self.distill.original_weight:g} with data.temperature: the temperature "
+                "sets every corpus's share; leave distill.original_weight at 1 (or 0), or set data.temperature=null")
         if self.model.positions == "learned":
             _check_position_table(self.model.max_positions, self.decode)
 

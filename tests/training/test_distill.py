@@ -223,6 +223,9 @@ def test_another_beam_for_the_same_run_a_teacher_of_another_pair_and_a_hub_corpu
                                           "de→en"):
         run(corpus, tmp_path / "reversed", {**KEEP_ALL, "distill.teacher": teacher, "data.src_lang": "de",
                                             "data.tgt_lang": "en", "train.max_steps": 1})
+    with pytest.raises(ConfigError, match="distill.original_weight=0.5 with data.temperature: the temperature sets"):
+        run(corpus, tmp_path / "tempered", {**KEEP_ALL, "distill.teacher": teacher, "distill.original_weight": 0.5,
+                                            "data.temperature": 5, "train.max_steps": 1})
     with pytest.raises(ConfigError, match="give data.train_prefix"):
         train_main(corpus.overrides(tmp_path / "hub", {**KEEP_ALL, "distill.teacher": teacher,
                                                        "data.train_prefix": "null", "data.dataset": str(tmp_path)}))
