@@ -2,7 +2,7 @@
 
     python benchmarks/distill.py --teacher runs/multi30k_en_de \
         --student runs/distill_multi30k_en_de_deep_shallow --student runs/distill_multi30k_en_de_narrow \
-        --baseline runs/original_multi30k_en_de_deep_shallow --threads 1,2 --write docs/DISTILLATION.md
+        --baseline runs/original_deep_shallow --threads 1,2 --write docs/DISTILLATION.md
     python benchmarks/distill.py --teacher RUN --student RUN --lines 50 --threads 1 --smoke   # every step, briefly
 
 `--teacher A B`: an ensemble of A and B (one row; its parameters are the members' together); `--student A B` and

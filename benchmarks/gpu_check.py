@@ -29,7 +29,9 @@ nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import gc
 import json
 import subprocess
 import sys
@@ -206,6 +208,18 @@ class Updates:
         return record
 
 
+@contextlib.contextmanager
+def full_fp32_matmuls(*, on: bool):
+    """TF32 off for CUDA matmuls and convolutions inside (when `on`), as they were after."""
+    flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    if on:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+
+
 def check_training(device: torch.device, smoke: bool, workdir: Path) -> dict:
     s = sizes(smoke)
     data = synthetic_corpus(vocab=s["vocab"], pairs=s["pairs"], mean_length=s["mean_length"])
@@ -216,6 +230,7 @@ def check_training(device: torch.device, smoke: bool, workdir: Path) -> dict:
     runs = [(label, max_tokens, False) for label, max_tokens in s["setups"].items()]
     runs.append((list(s["setups"])[-1], list(s["setups"].values())[-1], True))
     for label, max_tokens, compiled in runs:
+        gc.collect()  # the last row's run and its Updates hold each other (next_update's closure): free them first
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
@@ -249,8 +264,9 @@ def check_training(device: torch.device, smoke: bool, workdir: Path) -> dict:
         run = make_run(s, data, device, workdir / f"loss-{precision}", max_tokens=list(s["setups"].values())[-1],
                        precision=precision, compile=False, smoke=smoke)
         updates = Updates(run, device)
-        for _ in range(s["loss_updates"]):
-            last = updates.one()
+        with full_fp32_matmuls(on=precision == "fp32"):  # the reference without the device rule's TF32
+            for _ in range(s["loss_updates"]):
+                last = updates.one()
         loss[precision] = last["loss"]
         del run, updates
     relative = abs(loss["bf16"] - loss["fp32"]) / abs(loss["fp32"])
@@ -332,6 +348,22 @@ def percent(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.0f} %"
 
 
+def save_report(report: dict, args: argparse.Namespace, *, seconds: float, final: bool) -> str:
+    """gpu_check.json and gpu_check.md in --out, and the section of --write (default on a GPU: BENCHMARKS.md),
+    with the steps done so far (`final`: all of them); returns the Markdown."""
+    report["seconds"] = seconds
+    text = markdown({**report, **{name: report.get(name, {"error": "not yet run", "ok": False})
+                                  for name in ("tests", "training", "decoding")}})
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
+        (args.out / "gpu_check.md").write_text(text)
+    write = args.write or (None if args.smoke else ROOT / "docs" / "BENCHMARKS.md")
+    if write and (final or args.write):
+        write_section(write, HEADING, text)
+    return text
+
+
 def markdown(report: dict) -> str:
     tests, train, decode = report["tests"], report["training"], report["decoding"]
     model, (sentences, src_len, out_len) = report["model"], report["decode_work"]
@@ -358,8 +390,8 @@ def markdown(report: dict) -> str:
                           "n/a" if r["peak_gib"] is None else f"{r['peak_gib']:.1f} GiB",
                           f"{r['first_update_s']:.1f} s"] for r in train["rows"]]), ""]
         loss = train["loss"]
-        lines += [f"bf16 against fp32, the loss of update {loss['updates']} from the same start on the same batches "
-                  f"(eager): bf16 {loss['bf16']:.4f}, fp32 {loss['fp32']:.4f}, relative difference "
+        lines += [f"bf16 against fp32 (TF32 off), the loss of update {loss['updates']} from the same start on the "
+                  f"same batches (eager): bf16 {loss['bf16']:.4f}, fp32 {loss['fp32']:.4f}, relative difference "
                   f"{100 * loss['relative_difference']:.2f} % (goal: within 1 %: "
                   f"{'met' if loss['within_1_percent'] else 'not met'}).", ""]
     else:
@@ -405,16 +437,16 @@ def main() -> int:
             except Exception as error:  # one failing step must not hide the others' figures
                 report[name] = {"error": f"{type(error).__name__}: {error}"[:500], "ok": False}
                 print(f"{name}: failed: {report[name]['error']}", file=sys.stderr, flush=True)
-    report["seconds"] = time.perf_counter() - started
-    text = markdown(report)
+            except KeyboardInterrupt:  # run.sh's time cap (SIGINT): what the steps before measured still counts
+                report[name] = {"error": "interrupted: the time cap (run.sh's BUDGET_S) ended it", "ok": False}
+                print(f"{name}: interrupted", file=sys.stderr, flush=True)
+                break
+            finally:  # the figures so far written after every step: a cap or a crash later loses none of them
+                save_report(report, args, seconds=time.perf_counter() - started, final=False)
+        for name in steps:
+            report.setdefault(name, {"error": "not run: the time cap ended an earlier step", "ok": False})
+    text = save_report(report, args, seconds=time.perf_counter() - started, final=True)
     print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
-        (args.out / "gpu_check.md").write_text(text)
-    write = args.write or (None if args.smoke else ROOT / "docs" / "BENCHMARKS.md")
-    if write:
-        write_section(write, HEADING, text)
     failed = [name for name in ("tests", "training", "decoding")
               if isinstance(report[name], dict) and not report[name].get("ok", True)]
     return 1 if failed else 0

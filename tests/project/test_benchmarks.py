@@ -44,6 +44,35 @@ def test_gpu_check_smoke_runs_every_step(tmp_path):
     assert not (ROOT / "docs" / "BENCHMARKS.md").read_text().count("python benchmarks/gpu_check.py --smoke")
 
 
+def test_gpu_check_cut_by_its_time_cap_keeps_the_steps_it_finished(tmp_path, monkeypatch):
+    """run.sh caps the check with SIGINT: the steps done are in gpu_check.json and .md, the interrupted one says
+    so, the later ones are not run, and the exit status is a failure."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", ROOT / "benchmarks" / "gpu_check.py")
+    check = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, check)  # its dataclasses look their module up
+    spec.loader.exec_module(check)
+
+    def capped(*args):
+        raise KeyboardInterrupt
+
+    def never(*args):
+        raise AssertionError("a step after the interrupted one ran")
+
+    monkeypatch.setattr(check, "check_tests", lambda smoke: {"command": "-m cuda tests", "summary": "3 passed",
+                                                             "ok": True})
+    monkeypatch.setattr(check, "check_training", capped)
+    monkeypatch.setattr(check, "check_decoding", never)
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--smoke", "--out", str(tmp_path)])
+    assert check.main() == 1
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["tests"] == {"command": "-m cuda tests", "summary": "3 passed", "ok": True}
+    assert "interrupted" in report["training"]["error"] and "not run" in report["decoding"]["error"]
+    assert "3 passed" in (tmp_path / "gpu_check.md").read_text()
+
+
 @pytest.mark.slow
 @pytest.mark.extras("transformers", "ctranslate2")  # the peers it measures
 def test_decode_real_smoke_reports_every_engine_and_parity(tiny_run, tmp_path):
