@@ -126,17 +126,34 @@ def native_fp16() -> bool:
 
 def warn_if_emulated(precision: str, device_type: str = "cpu") -> bool:
     """Log one warning (once a process), and return True, where `precision` ("bf16" | "fp16") on
-    `device_type` is emulated.
+    `device_type` is emulated: on a CPU without native kernels, or bf16 on a GPU before Ampere.
 
     Emulated reduced precision gives the same results as native, only several times slower (issue #19;
     docs/BENCHMARKS.md, 'Emulated bf16 and fp16').
     """
+    if device_type == "cuda" and precision == "bf16" and not _cuda_native_bf16():
+        _warn_emulated_on_gpu(torch.cuda.get_device_name())
+        return True
     if device_type != "cpu" or precision not in ("bf16", "fp16"):
         return False
     if native_bf16() if precision == "bf16" else native_fp16():
         return False
     _warn_emulated(precision)
     return True
+
+
+def _cuda_native_bf16() -> bool:
+    """Whether the current GPU computes bf16 in hardware (Ampere and later); before it, torch emulates it."""
+    try:
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:  # a torch without the keyword
+        return torch.cuda.get_device_capability() >= (8, 0)
+
+
+@functools.cache  # once a process and GPU
+def _warn_emulated_on_gpu(name: str) -> None:
+    log.warning("bf16 on this GPU (%s, before Ampere: no bf16 tensor cores) is emulated and slow; "
+                "train.precision=fp16 (with its loss scaling) or fp32 is the fast choice here", name)
 
 
 @functools.cache  # once a process and precision

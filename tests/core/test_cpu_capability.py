@@ -68,3 +68,21 @@ def test_native_precision_logs_no_emulation_warning(native_and_avx2):
     assert native["emulated"]["bf16"] == (not native["native_bf16"])
     if native["native_bf16"]:
         assert "bf16 on this CPU" not in native_log
+
+
+def test_bf16_on_a_gpu_before_ampere_is_warned_of_once(monkeypatch, caplog):
+    """No GPU here: the GPU's answers are stood in for. bf16 on a GPU without bf16 tensor cores (a V100, a T4) is
+    emulated by torch, slowly: one warning naming the GPU and the fast choices; none on Ampere and later."""
+    from transformer import kernels
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla V100-SXM2-16GB")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    kernels._warn_emulated_on_gpu.cache_clear()
+    with caplog.at_level("WARNING", logger=kernels.log.name):
+        assert kernels.warn_if_emulated("bf16", "cuda") and kernels.warn_if_emulated("bf16", "cuda")
+        assert not kernels.warn_if_emulated("fp16", "cuda") and not kernels.warn_if_emulated("fp32", "cuda")
+    warnings = [r.getMessage() for r in caplog.records if "Tesla V100" in r.getMessage()]
+    assert len(warnings) == 1 and "train.precision=fp16" in warnings[0], caplog.text
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # an A100, H100
+    assert not kernels.warn_if_emulated("bf16", "cuda")
+    kernels._warn_emulated_on_gpu.cache_clear()
