@@ -290,6 +290,39 @@ def test_two_ranks_with_unequal_tokens_divide_the_summed_loss_by_the_global_toke
     assert max((g - m).abs().max().item() for g, m in zip(got, per_rank_mean)) > 1e-4
 
 
+# torch.compile through a backend that counts the graphs and runs them as aot_eager does (dynamo and AOTAutograd,
+# no code generation): DDP under compile, without inductor's minutes of code generation on a CPU.
+AOT_EAGER_COMPILE = "\n".join([
+    "from torch._dynamo import lookup_backend",
+    "from transformer.training import run as run_module",
+    "aot_eager, real_compile = lookup_backend('aot_eager'), run_module.compile_for_batches",
+    "def counting_backend(graph, inputs):",
+    "    print(f\"rank {os.environ['RANK']} compiled a graph\", flush=True)",
+    "    return aot_eager(graph, inputs)",
+    "run_module.compile_for_batches = lambda module, backend='inductor': real_compile(module,",
+    "                                                                                 backend=counting_backend)",
+])
+
+
+@pytest.mark.slow
+def test_two_ranks_compiled_train_as_eager_with_each_updates_first_pass_under_no_sync(corpus, tmp_path):
+    """train.compile=true on two gloo ranks (torch.compile of the DDP model), two passes an update (the first
+    under no_sync, reached through the compiled module): every rank compiles, and the weights after three
+    updates are the eager two-rank run's."""
+    changes = {"train.max_steps": 3, "train.update_freq": 2, "model.dropout": 0.0, "train.save_every_steps": 3}
+    status, output = torchrun(tmp_path, corpus.overrides(tmp_path / "compiled", {**changes, "train.compile": True}),
+                              patch=AOT_EAGER_COMPILE, timeout=600, collective_timeout_s=120)
+    assert status == 0, output[-4000:]
+    assert "rank 0 compiled a graph" in output and "rank 1 compiled a graph" in output, output[-4000:]
+    assert "update_freq 2" in output
+    status, output = torchrun(tmp_path, corpus.overrides(tmp_path / "eager", changes))
+    assert status == 0, output[-4000:]
+    compiled, eager = (ckpt.load(ckpt.last_path(tmp_path / name)) for name in ("compiled", "eager"))
+    assert compiled["step"] == eager["step"] == 3
+    for name, weight in eager["model"].items():
+        torch.testing.assert_close(compiled["model"][name], weight, atol=1e-5, rtol=1e-4, msg=name)
+
+
 # ---------------------------------------------------------------------------------- decisions every rank takes
 
 
