@@ -323,6 +323,39 @@ def test_two_ranks_compiled_train_as_eager_with_each_updates_first_pass_under_no
         torch.testing.assert_close(compiled["model"][name], weight, atol=1e-5, rtol=1e-4, msg=name)
 
 
+# Each call of the teacher's search says which rank made it, and for how many lines.
+COUNTING_TEACHER = "\n".join([
+    "from transformer.decoding.translation import Translator",
+    "real_translate_nbest = Translator.translate_nbest",
+    "def translate_nbest(self, texts, *args, **kwargs):",
+    "    print(f\"rank {os.environ['RANK']} translated {len(texts)} lines\", flush=True)",
+    "    return real_translate_nbest(self, texts, *args, **kwargs)",
+    "Translator.translate_nbest = translate_nbest",
+])
+
+
+@pytest.mark.slow
+def test_two_ranks_share_the_teachers_translation_and_train_on_the_whole_distilled_corpus(corpus, tmp_path):
+    """distill.teacher under torchrun: three chunks of 100 lines over two gloo ranks (rank 0 translates chunks 0
+    and 2, rank 1 chunk 1); the corpus both ranks train on is the teacher's translation of every source line, in
+    order, as one process makes it."""
+    from transformer.decoding.translation import Translator
+
+    teacher = tmp_path / "teacher"
+    run(corpus, teacher, {"train.max_steps": 6})
+    changes = {"distill.teacher": teacher, "distill.beam": 1, "distill.chunk_lines": 100, "data.max_len_ratio": "null",
+               "train.max_steps": 2}
+    status, output = torchrun(tmp_path, corpus.overrides(tmp_path / "student", changes), patch=COUNTING_TEACHER)
+    assert status == 0, output[-4000:]
+    assert final_updates(output) == {0: 2, 1: 2}
+    shares = re.findall(r"rank (\d) translated (\d+) lines", output)
+    assert sorted(shares) == [("0", "100"), ("0", "100"), ("1", "100")], shares  # its own chunks, each once
+    sources = corpus.prefixes["train"].with_suffix(".en").read_text(encoding="utf-8").splitlines()
+    distilled = (tmp_path / "student" / "distilled" / "train.de").read_text(encoding="utf-8").splitlines()
+    assert distilled == Translator.load(teacher, "cpu").with_decode(beam=1).translate(sources)
+    assert not (tmp_path / "student" / "distilled" / "request.pending.json").exists()
+
+
 # ---------------------------------------------------------------------------------- decisions every rank takes
 
 

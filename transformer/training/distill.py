@@ -66,10 +66,11 @@ def with_distilled_data(job: TrainJob, run_dir: Path, *, rank: int, world_size: 
                "source": file_identity(source), "chunk_lines": d.chunk_lines}
     if not _finished(record, request):
         pending = folder / "request.pending.json"  # the request being translated, until `record` says it is done
-        if not _joined(target, pending, request):
+        if not _joined(target, pending, request):  # every rank sees the same files, so takes the same branch
             if rank == 0:
                 target.unlink(missing_ok=True)  # a translation of another request, joined and never recorded
                 atomic_write(pending, _dumps(request), what="distilled corpus")
+            distributed.barrier()  # before any rank joins chunks (all may be written already) into `target`
             _translate(job, source, target, request, rank=rank, world_size=world_size, device=device)
         distributed.barrier()  # the rank that wrote the last chunk has joined them into `target`
         if rank == 0:
