@@ -110,10 +110,12 @@ def main() -> int:
     for threads in thread_counts:
         torch.set_num_threads(threads)
         for number, (role, path) in enumerate(models):
-            in_ct2 = args.ctranslate2 and len(path) == 1 and Translator.load(path, "cpu").decode.beam == 1
-            for precision in precisions + (["int8, CTranslate2"] if in_ct2 else []):
+            in_ct2 = ["int8, CTranslate2"] if args.ctranslate2 and len(path) == 1 else []
+            for precision in precisions + in_ct2:
                 translator = Translator.load(path, "cpu")  # a fresh one: its weights packed for this precision
                 if precision == "int8, CTranslate2":
+                    if translator.decode.beam != 1:  # CTranslate2's length penalty is not ours: greedy models only
+                        continue
                     hypotheses, speed = ctranslate2_timed(translator, sources, exports / str(number), threads)
                 else:
                     translator = translator.with_decode(precision=precision)
