@@ -81,6 +81,13 @@ def test_the_student_trains_on_the_teachers_translations_line_for_line(corpus, t
         for f, t in zip(files, times):
             os.utime(f, ns=t)
     assert again["step"] == 5 and seen == []
+    # The run moved to another folder (its saved data.train_prefix names the old one): it resumes there, its
+    # corpus still the finished translation.
+    (tmp_path / "moved").mkdir()
+    moved = student.rename(tmp_path / "moved" / "student")
+    last = run(corpus, moved, {**KEEP_ALL, "distill.teacher": teacher, "model.encoder_layers": 2,
+                               "train.max_steps": 6})
+    assert last["step"] == 6 and seen == []
 
 
 def test_an_empty_translation_stays_an_empty_line_and_alignment_is_checked(corpus, teacher, tmp_path, monkeypatch,

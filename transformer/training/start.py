@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,16 +74,33 @@ def differences(saved: dict, current: dict, section: str, keys) -> list[str]:
 
 def run_differences(saved: dict, config: dict) -> list[str]:
     """The keys of a saved run's config (a checkpoint's, or run_dir/config.yaml) that make `config` another run:
-    the architecture, the data and its splits, the seed, and what the saved Adam state depends on."""
+    the architecture, the data and its splits, the seed, and what the saved Adam state depends on. A data path
+    inside the run's own folder (a distilled corpus) is compared from that folder, so a run moved, copied or
+    named by another path (absolute, or from another directory) still resumes."""
     # keys a run saved before they existed take the value they had then
     train_saved = {"freeze": [], "train_top_layers": None, "pad_to_multiple": 1, **saved.get("train", {})}
-    data_saved = {"lowercase": False, **saved.get("data", {})}
+    data_saved = _inside_run({"lowercase": False, **saved.get("data", {})}, saved.get("run_dir"))
+    data_now = _inside_run(config["data"], config.get("run_dir"))
     diffs = (differences(model_config_with_defaults(saved.get("model", {})), config["model"], "model", ARCH_KEYS)
-             + differences(data_saved, config["data"], "data", DATA_KEYS)
+             + differences(data_saved, data_now, "data", DATA_KEYS)
              + differences(saved, config, "", ("seed",))
              + differences(train_saved, config["train"], "train",
                            ("max_tokens", "pad_to_multiple", "freeze", "train_top_layers")))
     return [d.lstrip(".") for d in diffs]
+
+
+def _inside_run(data: dict, run_dir) -> dict:
+    """`data` with each path key under `run_dir` written as `<run_dir>/...` (compared lexically: the saved
+    run_dir may be relative to another working directory than this one's)."""
+    if not run_dir:
+        return data
+    folder = os.path.normpath(str(run_dir))
+    inside = {}
+    for key in ("train_prefix", "valid_prefix", "test_prefix", "spm_model"):
+        value = data.get(key)
+        if isinstance(value, str) and os.path.normpath(value).startswith(folder + os.sep):
+            inside[key] = "<run_dir>" + os.path.normpath(value)[len(folder):]
+    return {**data, **inside}
 
 
 @dataclass
