@@ -16,6 +16,8 @@ its first 50 lines (the models in turns, so that the machine's load falls on eac
 teacher's fp32 speed at the same thread count; quality is each precision's translation's sacreBLEU (int8 costs
 some) and, with a tokenised reference, lcBLEU (the Multi30k papers' metric), scored at the first thread count.
 `--baseline`: the same student shape trained on the original targets, the distillation gain's other side.
+`--student-beam 4`: each student and baseline also decoded with beam 4 and α 0.6 (the paper's), a row of its own
+beside its run's search (seq-KD students lose little without a beam, Kim & Rush 2016: here is how little).
 `--ctranslate2`: each greedy model of one checkpoint (the students) also exported to CTranslate2 in int8
 (`python -m transformer.hf export RUN --ctranslate2 DIR --quantization int8`, into a temporary folder) and timed
 there: `translate_batch` with greedy search, batches of 64 sentences decoded side by side on `inter_threads` =
@@ -26,6 +28,7 @@ intra-op threads made it slower: 1 thread 1,892 sentences/s, 2 intra-op threads 
 from __future__ import annotations
 
 import argparse
+import itertools
 import shutil
 import tempfile
 import time
@@ -92,6 +95,9 @@ def main() -> int:
     p.add_argument("--lines", type=int, default=None, help="the first N lines only")
     p.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
     p.add_argument("--smoke", action="store_true", help="int8 skipped: every step once, for the test suite")
+    p.add_argument("--student-beam", type=int, nargs="+", default=[], metavar="BEAM",
+                   help="the students and baselines also with these beams (1: greedy; α 0.6, the paper's), each a "
+                        "row beside their run's own search")
     p.add_argument("--ctranslate2", action="store_true",
                    help="the greedy one-checkpoint models in CTranslate2 int8 too")
     p.add_argument("--write", type=Path, help="Markdown file whose section to replace")
@@ -111,8 +117,12 @@ def main() -> int:
         torch.set_num_threads(threads)
         for number, (role, path) in enumerate(models):
             in_ct2 = ["int8, CTranslate2"] if args.ctranslate2 and len(path) == 1 else []
-            for precision in precisions + in_ct2:
+            own = Translator.load(path, "cpu").decode.beam
+            beams = [None] + ([b for b in dict.fromkeys(args.student_beam) if b != own] if role != "teacher" else [])
+            for beam, precision in itertools.product(beams, precisions + in_ct2):
                 translator = Translator.load(path, "cpu")  # a fresh one: its weights packed for this precision
+                if beam is not None:
+                    translator = translator.with_decode(beam=beam, lenpen=0.0 if beam == 1 else 0.6)
                 if precision == "int8, CTranslate2":
                     if translator.decode.beam != 1:  # CTranslate2's length penalty is not ours: greedy models only
                         continue

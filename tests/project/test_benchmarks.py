@@ -214,7 +214,8 @@ def test_distill_smoke_rows_teacher_and_students_with_speed_ratio_and_quality(ti
     markdown = tmp_path / "DISTILLATION.md"
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "distill.py"), "--smoke", "--teacher",
                              str(tiny_run.run_dir), str(tiny_run.run_dir), "--student", str(tiny_run.run_dir),
-                             "--src", str(source), "--ref", str(reference), "--tok-ref", "", "--lines", "10",
+                             "--student-beam", "1", "4", "--src", str(source), "--ref", str(reference), "--tok-ref", "",
+                             "--lines", "10",
                              "--threads", "1", "--write", str(markdown)], cwd=ROOT, capture_output=True, text=True,
                             timeout=300,
                             env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1",
@@ -224,9 +225,11 @@ def test_distill_smoke_rows_teacher_and_students_with_speed_ratio_and_quality(ti
     assert "## Teacher and students: quality and decoding speed" in section and "(10 lines)" in section
     rows = re.findall(r"^\| (teacher|student) \| `[^`]+`(?: \+ `[^`]+`)* \| ([\d.]+)M \| ([^|]+) \| fp32 \| 1 \| "
                       r"([\d.]+) \| ([\d.]+)× \| ([\d.]+) \| - \|$", section, re.M)
-    assert [row[0] for row in rows] == ["teacher", "student"] and rows[0][4] == "1.00", section
+    assert [row[0] for row in rows] == ["teacher", "student", "student"] and rows[0][4] == "1.00", section
     assert f"`{tiny_run.run_dir}` + `{tiny_run.run_dir}`" in section, section  # the teacher: one ensemble row
     assert float(rows[0][1]) == pytest.approx(2 * float(rows[1][1]), abs=0.15), rows
+    # --student-beam 1 4: the tiny run's own search is beam 4, so one more row, greedy
+    assert [row[2].strip() for row in rows] == ["beam 4, α 0.6", "beam 4, α 0.6", "greedy"], rows
 
 
 def test_step_profile_smoke_splits_an_update_into_its_phases_and_operator_kinds(tiny_run, tmp_path):
