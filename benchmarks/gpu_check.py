@@ -114,7 +114,7 @@ def timed(device: torch.device, fn, repeats: int, warmup: int = 2) -> float:
 
 def check_tests(smoke: bool) -> dict:
     """`pytest -m cuda` (on the CPU: collected only, all skipped)."""
-    command = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "tests"]
+    command = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-m", "cuda", "-p", "no:cacheprovider", "tests"]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=420)
     summary = (result.stdout.strip().splitlines() or ["(no output)"])[-1]
     return {"command": " ".join(command[2:]), "status": result.returncode, "summary": summary,

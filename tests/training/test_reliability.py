@@ -29,6 +29,7 @@ from data import files  # noqa: E402
 from data.errors import WriteError  # noqa: E402
 from transformer import checkpoint as ckpt  # noqa: E402
 from transformer import distributed  # noqa: E402
+from transformer.model import Transformer, TransformerConfig  # noqa: E402
 from transformer.training import update as one_update  # noqa: E402
 
 # A launcher for train.py that injects one fault on one rank: FAULT=<kind>@<rank>:<update>. The fault fires
@@ -390,9 +391,9 @@ def test_process_group_timeout_defaults_to_30_minutes_and_follows_the_environmen
 
 @pytest.mark.slow
 def test_two_nodes_on_one_machine_match_one_process_with_accumulation(corpus, tmp_path):
-    """Two torchrun launchers, one per "node" (--nnodes 2 on 127.0.0.1), train together; the result equals
-    one process that accumulates both ranks' batches."""
-    steps = {"train.max_steps": 5, "train.log_every_steps": 5}
+    """Two torchrun launchers, one per "node" (--nnodes 2 on 127.0.0.1), train together (with dropout, each
+    rank drawing its own masks); the result equals one process that accumulates both ranks' batches."""
+    steps = {"train.max_steps": 5, "train.log_every_steps": 5, "model.dropout": 0.1}
     two = tmp_path / "two_nodes"
     port = free_port()
     nodes, logs = [], [tmp_path / f"node{node}.log" for node in (0, 1)]
@@ -420,6 +421,12 @@ def test_two_nodes_on_one_machine_match_one_process_with_accumulation(corpus, tm
     assert ddp["step"] == one["step"] == 5 and ddp["data_state"] == one["data_state"]
     worst = max((ddp["model"][name] - one["model"][name]).abs().max().item() for name in one["model"])
     assert worst <= 1e-5
+    # The tolerance means something: the 5 updates moved the weights far more than it (train.py seeds
+    # the initialisation with `seed` before building the model).
+    torch.manual_seed(one["config"]["seed"])
+    initial = Transformer(TransformerConfig(**one["model_config"])).state_dict()
+    moved = max((one["model"][name] - initial[name]).abs().max().item() for name in one["model"])
+    assert moved > 1e-3
 
 
 def test_a_full_disk_under_tensorboard_costs_its_events_not_the_run(corpus, tmp_path, monkeypatch, capfd):
