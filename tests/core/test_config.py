@@ -60,6 +60,11 @@ def test_the_multi30k_presets_stop_near_their_validation_best_within_two_hours_a
         t, m = distilled.train, distilled.model
         assert (t.max_time, t.test_at_end, t.average_last) == (3600 * hours, True, 5), name
         assert (m.decoder_layers, m.norm_first) == (1, True), name  # a deep post-norm encoder barely learnt here
+    member = job("experiment=distill_multi30k_en_de_member")  # the teacher's shape, from one of its members
+    assert member.model == job("experiment=multi30k_en_de").model and member.decode.beam == 1
+    assert (member.init_from, member.data.vocab) == ("runs/multi30k_en_de_seed2", "keep")
+    assert list(member.distill.teacher) == ["runs/multi30k_en_de", "runs/multi30k_en_de_seed2"]
+    assert (member.train.max_time, member.train.average_last, member.train.test_at_end) == (3900, 10, True)
 
 
 @pytest.mark.parametrize("preset", sorted(p.stem for p in (ROOT / "configs" / "model").glob("*.yaml")))

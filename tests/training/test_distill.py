@@ -246,3 +246,16 @@ def test_original_pairs_join_the_distilled_ones_at_their_weight(corpus, teacher,
     assert "and the original pairs at weight 0.5" in log
     assert "training corpus data.train_prefix/dataset: 300 pairs × weight 1 = 300 pairs an epoch" in log
     assert "training corpus data.extra_train[0]: 300 pairs × weight 0.5 = 150 pairs an epoch" in log
+
+
+def test_a_student_started_from_a_teacher_member_keeps_its_vocabulary(corpus, teacher, tmp_path, capfd):
+    """init_from=<a teacher member> beside distill.teacher (experiment=distill_multi30k_en_de_member): the student
+    starts from the member's weights with the member's vocabulary (data.vocab=keep), not one trained on the
+    distilled corpus, and trains on the teacher's translations."""
+    student = tmp_path / "member"
+    run(corpus, student, {**KEEP_ALL, "distill.teacher": teacher, "distill.beam": 1, "init_from": teacher,
+                          "data.spm_model": "null", "train.max_steps": 1})  # no vocabulary given: the member's
+    log = capfd.readouterr().err
+    assert f"initialised from {teacher}" in log and f"distill: training on {student / 'distilled' / 'train'}" in log
+    assert (student / "spm.model").read_bytes() == (teacher / "spm.model").read_bytes()
+    assert len((student / "distilled" / "train.de").read_text(encoding="utf-8").splitlines()) == 300
