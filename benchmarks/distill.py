@@ -117,11 +117,15 @@ def main() -> int:
         torch.set_num_threads(threads)
         for number, (role, path) in enumerate(models):
             in_ct2 = ["int8, CTranslate2"] if args.ctranslate2 and len(path) == 1 else []
-            own = Translator.load(path, "cpu").decode.beam
-            beams = [None] + ([b for b in dict.fromkeys(args.student_beam) if b != own] if role != "teacher" else [])
+            beams = [None] + (list(dict.fromkeys(args.student_beam)) if role != "teacher" else [])  # None: its own
+            own = None  # the run's own beam, read from the first row's translator
             for beam, precision in itertools.product(beams, precisions + in_ct2):
+                if beam is not None and beam == own:
+                    continue  # the rows of the run's own search
                 translator = Translator.load(path, "cpu")  # a fresh one: its weights packed for this precision
-                if beam is not None:
+                if beam is None:
+                    own = translator.decode.beam
+                else:
                     translator = translator.with_decode(beam=beam, lenpen=0.0 if beam == 1 else 0.6)
                 if precision == "int8, CTranslate2":
                     if translator.decode.beam != 1:  # CTranslate2's length penalty is not ours: greedy models only

@@ -90,16 +90,16 @@ def run_differences(saved: dict, config: dict) -> list[str]:
 
 
 def _inside_run(data: dict, run_dir) -> dict:
-    """`data` with each path key under `run_dir` written as `<run_dir>/...` (compared lexically: the saved
-    run_dir may be relative to another working directory than this one's)."""
+    """`data` with each path key under `run_dir` written as `<run_dir>/...`: a path and the run_dir it was derived
+    from are both relative or both absolute, so where the saved run was started from does not matter."""
     if not run_dir:
         return data
-    folder = os.path.normpath(str(run_dir))
     inside = {}
     for key in ("train_prefix", "valid_prefix", "test_prefix", "spm_model"):
         value = data.get(key)
-        if isinstance(value, str) and os.path.normpath(value).startswith(folder + os.sep):
-            inside[key] = "<run_dir>" + os.path.normpath(value)[len(folder):]
+        relative = os.path.relpath(value, run_dir) if isinstance(value, str) else os.pardir
+        if relative.split(os.sep)[0] != os.pardir:
+            inside[key] = os.path.join("<run_dir>", relative)
     return {**data, **inside}
 
 
