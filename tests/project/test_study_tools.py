@@ -1,6 +1,7 @@
 """tools/recipe_sweep.py and tools/multilingual_study.py, the scripts behind docs/RESULTS.md's sweep and
 docs/MULTILINGUAL.md's table (not run here: they train for hours): what they read from a train.py log, and that
-every step they would run composes into a valid config."""
+every step they would run composes into a valid config. tools/stress_suite.py (the whole suite, an hour or more):
+one of its runs on a one-test file, as an AVX2-only CPU would run it."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def tool(name: str):
     return module
 
 
-RECIPE_SWEEP, STUDY = tool("recipe_sweep"), tool("multilingual_study")
+RECIPE_SWEEP, STUDY, STRESS = tool("recipe_sweep"), tool("multilingual_study"), tool("stress_suite")
 
 
 MULTILINGUAL_LOG = """\
@@ -68,3 +69,14 @@ def test_every_candidate_of_the_recipe_sweep_composes_with_the_sweeps_budget(can
     own = next((o for o in RECIPE_SWEEP.CANDIDATES[candidate] if o.startswith("train.max_steps=")), None)
     assert job.train.max_steps == (int(own.split("=")[1]) if own else 10_000_000)
 
+
+
+def test_a_stress_run_capped_to_avx2_runs_the_tests_on_avx2_kernels_and_counts_what_failed(tmp_path):
+    probe = tmp_path / "test_probe.py"
+    probe.write_text("import torch\n\n"
+                     "def test_kernels():\n    assert torch.backends.cpu.get_cpu_capability() == 'AVX2'\n\n"
+                     "def test_fails():\n    assert False\n")
+    row = STRESS.run_suite(1, False, ["-n", "0", str(probe)], tmp_path / "avx2.log", isa="avx2")
+    assert (row["passed"], row["failed"], row["exit"]) == (1, 1, 1), (tmp_path / "avx2.log").read_text()
+    assert len(row["failures"]) == 1 and row["failures"][0].endswith("test_probe.py::test_fails")
+    assert "test_fails" in (tmp_path / "avx2.log").read_text()
