@@ -2,7 +2,7 @@
 the same number of threads, each judged on the validation set only. Not part of CI (it trains for hours).
 
     python tools/recipe_sweep.py --budget 900                          # every candidate, EN→DE, 15 min each
-    python tools/recipe_sweep.py --experiment multi30k_en_fr --only tiny_lc,base --budget 1800
+    python tools/recipe_sweep.py --experiment multi30k_en_fr --only tiny_lc,preset --budget 1800
     python tools/recipe_sweep.py --list                                # the candidates and their overrides
     python tools/recipe_sweep.py --table-only                          # the table of what has finished
     python tools/recipe_sweep.py --ensemble tiny_lc,lc_drop            # two finished runs as one ensemble
