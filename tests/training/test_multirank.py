@@ -91,11 +91,31 @@ def torchrun_env(timeout_s: float = 20) -> dict:
 def torchrun(tmp_path: Path, overrides: list[str], *, nproc: int = 2, timeout: float = 300, patch: str = "",
              collective_timeout_s: float = 20) -> tuple[int, str]:
     """(exit status, output) of train.py under torchrun with `nproc` gloo ranks, hangs cut at
-    `collective_timeout_s`."""
-    result = subprocess.run(torchrun_command(tmp_path, overrides, nproc=nproc, patch=patch), cwd=ROOT,
-                            capture_output=True, text=True, timeout=timeout, env=torchrun_env(collective_timeout_s),
-                            check=False)
-    return result.returncode, result.stdout + result.stderr
+    `collective_timeout_s`. Past `timeout` the launcher and its ranks are killed together (each rank runs in a
+    session of its own, outlives a killed launcher and holds the output pipe open: killing the launcher alone
+    never returned) and the test fails with what they printed."""
+    process = subprocess.Popen(torchrun_command(tmp_path, overrides, nproc=nproc, patch=patch), cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=torchrun_env(collective_timeout_s))
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in [*descendants(process.pid), process.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"torchrun still running after {timeout} s: killed with its ranks\n{output[-4000:]}")
+    return process.returncode, output
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes `pid` started, and theirs (torchrun's ranks and their workers), from /proc."""
+    found = []
+    with contextlib.suppress(FileNotFoundError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in map(int, (task / "children").read_text().split()):
+                found += [child, *descendants(child)]
+    return found
 
 
 @contextlib.contextmanager

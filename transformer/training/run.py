@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import logging
 import os
 import signal
@@ -112,9 +113,20 @@ class Run:
                      costs=self.budget.costs(average_last=self.job.train.average_last, test_lines=self.test_lines))
 
     def close(self) -> None:
-        """The end of training on every rank: TensorBoard's events flushed, the process group left."""
+        """The end of training on every rank: TensorBoard's events flushed, the process group left.
+
+        DDP's reducer holds the process group; left to a later garbage collection (the function's return), the
+        group's destructor ran there with the GIL held and joined gloo's worker thread while that thread waited
+        for the GIL to free the last collective's tensors: a finished run that never exits (seen once, two
+        ranks with train.compile). The wrappers go first, torch.compile's caches with them, so that the group
+        ends in destroy_process_group."""
         if self.writer:
             self.writer.close()
+        if self.train_model is not self.model:
+            self.train_model = self.model
+            if self.job.train.compile:
+                torch._dynamo.reset()  # its guards and cached frames hold the compiled DDP module
+            gc.collect()
         distributed.barrier()
         distributed.cleanup()
 
