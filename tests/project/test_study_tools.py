@@ -73,7 +73,6 @@ def test_every_candidate_of_the_recipe_sweep_composes_with_the_sweeps_budget(can
     assert job.train.max_steps == (int(own.split("=")[1]) if own else 10_000_000)
 
 
-
 def test_a_stress_run_capped_to_avx2_runs_the_tests_on_avx2_kernels_and_counts_what_failed(tmp_path):
     probe = tmp_path / "test_probe.py"
     probe.write_text("import torch\n\n"
