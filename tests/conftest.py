@@ -8,6 +8,20 @@ import pytest
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def share_cores_between_workers() -> None:
+    """Under pytest-xdist each worker gets its share of the cores as threads (one each on two cores), for itself
+    and the processes it starts, unless OMP_NUM_THREADS or MKL_NUM_THREADS is set. Two workers of two threads on
+    two cores spend the difference spinning: the decoding, evaluation and core tests took 12 % longer so
+    (docs/BENCHMARKS.md). Runs before torch is imported, which reads them once."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1 and not {"OMP_NUM_THREADS", "MKL_NUM_THREADS"} & set(os.environ):
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(max(1, cores // workers))
+
+
+share_cores_between_workers()
 # Imported here, at collection, as the project imports it only where a corpus is read: the library's log handlers
 # bind the stderr of the moment they are made, which inside a test would be that test's capture (closed after it).
 import datasets  # noqa: E402,F401

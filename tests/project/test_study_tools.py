@@ -1,7 +1,8 @@
 """tools/recipe_sweep.py and tools/multilingual_study.py, the scripts behind docs/RESULTS.md's sweep and
 docs/MULTILINGUAL.md's table (not run here: they train for hours): what they read from a train.py log, and that
 every step they would run composes into a valid config. tools/stress_suite.py (the whole suite, an hour or more):
-one of its runs on a one-test file, as an AVX2-only CPU would run it."""
+one of its runs on a one-test file, as an AVX2-only CPU would run it; and how the suite's own workers share the
+cores (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 
 import pytest
 
+import conftest
 from conftest import ROOT
 from transformer.cli import compose_config, to_job
 
@@ -82,3 +84,20 @@ def test_a_stress_run_capped_to_avx2_runs_the_tests_on_avx2_kernels_and_counts_w
     assert (row["passed"], row["failed"], row["exit"]) == (1, 1, 1), (tmp_path / "avx2.log").read_text()
     assert len(row["failures"]) == 1 and row["failures"][0].endswith("test_probe.py::test_fails")
     assert "test_fails" in (tmp_path / "avx2.log").read_text()
+
+
+@pytest.mark.parametrize(("workers", "cores", "given", "threads"), [
+    (2, 2, {}, "1"), (4, 16, {}, "4"), (4, 2, {}, "1"), (0, 2, {}, None), (1, 2, {}, None),
+    (2, 2, {"OMP_NUM_THREADS": "2"}, "2"), (2, 2, {"MKL_NUM_THREADS": "2"}, None)])
+def test_xdist_workers_share_the_cores_as_threads_unless_the_thread_variables_are_set(workers, cores, given,
+                                                                                    threads, monkeypatch):
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTEST_XDIST_WORKER_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+    if workers:
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(workers))
+    monkeypatch.setattr(conftest.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    conftest.share_cores_between_workers()
+    assert conftest.os.environ.get("OMP_NUM_THREADS") == threads
+    assert conftest.os.environ.get("MKL_NUM_THREADS") == (given.get("MKL_NUM_THREADS") if given else threads)
