@@ -17,11 +17,12 @@ work is done by transformer/decoding/translation.py (`Translator`); this file is
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import sys
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import IO, Iterator, Sequence, TextIO
 
 from omegaconf import DictConfig, ListConfig
 
@@ -65,17 +66,20 @@ def run(cfg: DictConfig) -> int:
     if shard.world_size > 1:
         raise ConfigError(f"WORLD_SIZE={shard.world_size}: processes share a translation through files; give "
                           "input=<file> and output=<file>")
-    stream = sys.stdin.buffer if job.input is None else open_input(job.input, "input")
-    out: TextIO = sys.stdout if job.output is None else open_output(job.output, "output")
-    try:
+    with input_and_output(job) as (stream, out):
         translate_stream(translator, stream, out, render, chunk_lines=job.chunk_lines, source=job.input or "stdin",
                          progress=not job.quiet)
-    finally:
-        if stream is not sys.stdin.buffer:
-            stream.close()
-        if out is not sys.stdout:
-            out.close()
     return 0
+
+
+@contextlib.contextmanager
+def input_and_output(job: TranslateJob) -> Iterator[tuple[IO[bytes], TextIO]]:
+    """The input (stdin, or the file `input=`) and the output (stdout, or the file `output=`); the files are
+    closed at the end, the standard streams are left open."""
+    with contextlib.ExitStack() as files:
+        stream = sys.stdin.buffer if job.input is None else files.enter_context(open_input(job.input, "input"))
+        out = sys.stdout if job.output is None else files.enter_context(open_output(job.output, "output"))
+        yield stream, out
 
 
 def renderer(translator: Translator, aligner: Aligner | None) -> Render:
@@ -107,25 +111,19 @@ def interactive(translator: Translator, job: TranslateJob) -> int:
     """Translate each input line as soon as it arrives and flush its translation, so that a pipe or a
     service can wait for it; lines that arrive together are translated together (`interactive_batch`)."""
     source = job.input or "stdin"
-    stream = sys.stdin.buffer if job.input is None else open_input(job.input, "input")
-    out: TextIO = sys.stdout if job.output is None else open_output(job.output, "output")
-    log.info("interactive: one translation per line of %s, flushed as it is done (end with Ctrl-D)", source)
     done = 0
-    try:
-        for batch in arriving_lines(stream, job.interactive_batch):
-            texts = [decode_line(line, source, done + i) for i, line in enumerate(batch, start=1)]
-            results = translator.translate_nbest(texts, source=source, first_line=done + 1)
-            out.write(output_lines(results, nbest=translator.decode.nbest, first=done))
-            out.flush()
-            done += len(batch)
-    except KeyboardInterrupt:
-        log.info("interrupted after %d lines", done)
-        return 130
-    finally:
-        if stream is not sys.stdin.buffer:
-            stream.close()
-        if out is not sys.stdout:
-            out.close()
+    with input_and_output(job) as (stream, out):
+        log.info("interactive: one translation per line of %s, flushed as it is done (end with Ctrl-D)", source)
+        try:
+            for batch in arriving_lines(stream, job.interactive_batch):
+                texts = [decode_line(line, source, done + i) for i, line in enumerate(batch, start=1)]
+                results = translator.translate_nbest(texts, source=source, first_line=done + 1)
+                out.write(output_lines(results, nbest=translator.decode.nbest, first=done))
+                out.flush()
+                done += len(batch)
+        except KeyboardInterrupt:
+            log.info("interrupted after %d lines", done)
+            return 130
     return 0
 
 
