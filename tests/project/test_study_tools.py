@@ -7,6 +7,7 @@ cores (tests/conftest.py)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 
 import pytest
@@ -97,7 +98,7 @@ def test_xdist_workers_share_the_cores_as_threads_unless_the_thread_variables_ar
         monkeypatch.setenv(name, value)
     if workers:
         monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(workers))
-    monkeypatch.setattr(conftest.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
     conftest.share_cores_between_workers()
-    assert conftest.os.environ.get("OMP_NUM_THREADS") == threads
-    assert conftest.os.environ.get("MKL_NUM_THREADS") == (given.get("MKL_NUM_THREADS") if given else threads)
+    assert os.environ.get("OMP_NUM_THREADS") == threads
+    assert os.environ.get("MKL_NUM_THREADS") == (given.get("MKL_NUM_THREADS") if given else threads)
