@@ -35,7 +35,7 @@ from transformer.evaluation.report import Evaluation, write_report
 from transformer.evaluation.tables import append_table_row
 from transformer.search import Ensemble
 from transformer.evaluation.significance import paired_significance
-from transformer.evaluation.sweep import sweep_checkpoints, sweep_run_dir
+from transformer.evaluation.sweep import sweep_checkpoints, sweep_run_dirs
 from transformer.decoding.translation import Translator
 from transformer.evaluation.measures import write_results
 
@@ -55,7 +55,7 @@ def run(cfg: DictConfig) -> int:
         return compare_systems(job, systems)
     job = dataclasses.replace(job, hyp=systems[0] if systems else None)
     if job.checkpoints == "all":
-        sweep_run_dir(job.checkpoint)  # a .pt file is a one-line error before any model is loaded
+        sweep_run_dirs(job.checkpoint)  # a .pt file is a one-line error before any model is loaded
     # What to score against is read before any model is loaded; a test set's language pair may come from the
     # checkpoint, so only its name is checked before.
     test = None
@@ -70,9 +70,9 @@ def run(cfg: DictConfig) -> int:
         translator = Translator.load(job.checkpoint, device, decode=decode, tgt_lang=job.tgt_lang, **settings)
     test = test or evaluation.read_test_set(job, translator)
     if job.checkpoints == "all":
-        return sweep_checkpoints(job.checkpoint, sources=test.sources, references=test.references,
-                                 set_name=test.name, lang=evaluation.target_language(job, translator),
-                                 decode=translator.decode, device=device, out=Path(job.out) if job.out else None)
+        return sweep_checkpoints(job.checkpoint, test=test, lang=evaluation.target_language(job, translator),
+                                 decode=translator.decode, device=device, out=Path(job.out) if job.out else None,
+                                 tokenized=tokenized)
     return score_one(job, test, tokenized, translator, device)
 
 

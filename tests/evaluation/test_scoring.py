@@ -274,6 +274,23 @@ def test_lc_norm_tok_reproduces_the_official_multi30k_references(shared_data, la
     assert [number for number, (a, b) in enumerate(zip(ours, official), start=1) if a != b] == differing
 
 
+def test_the_lc_norm_tok_command_writes_the_official_reference_from_the_raw_one(shared_data, tmp_path):
+    """`python -m transformer.evaluation.scoring lc-norm-tok de IN OUT` (how a validation set gets a tok_ref=
+    file) writes the official German test file byte for byte, in a fresh process; a missing input is a
+    one-line error with exit status 2 and nothing written."""
+    out = tmp_path / "test.lc.norm.tok.de"
+    command = [sys.executable, "-m", "transformer.evaluation.scoring", "lc-norm-tok", "de"]
+    done = subprocess.run([*command, str(shared_data / "multi30k" / "test_2016_flickr.de"), str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes() == (shared_data / "multi30k" / "tok" / "test_2016_flickr.lc.norm.tok.de").read_bytes()
+    assert done.stdout.startswith(f"wrote {out}: 1000 lines")
+    missing = subprocess.run([*command, str(tmp_path / "absent.de"), str(tmp_path / "x")], capture_output=True,
+                             text=True, timeout=300, cwd=ROOT)
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "absent.de: no such file" in missing.stderr
+    assert not (tmp_path / "x").exists()
+
+
 def test_lc_bleu_lowercases_and_tokenizes_the_hypothesis_only():
     """The hypothesis goes through the pipeline; the reference is taken as it is (already tokenised): a
     cased, untokenised perfect translation scores 100, and the score equals multi-bleu's on the tokens."""

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -19,6 +20,7 @@ if str(ROOT) not in sys.path:
 import evaluate  # noqa: E402
 from helpers import run_evaluate, user_error  # noqa: E402
 from transformer import checkpoint as ckpt  # noqa: E402
+from transformer.evaluation.scoring import lc_norm_tok  # noqa: E402
 from transformer.evaluation.testsets import read_lines  # noqa: E402
 from transformer.decoding.translation import Translator  # noqa: E402
 
@@ -147,4 +149,103 @@ def test_bad_use_of_checkpoints_all_is_a_one_line_error(problem, words, tmp_path
     if problem == "empty":
         checkpoint.unlink()
     line = user_error(evaluate, args, capsys, monkeypatch)
+    assert words in line, line
+
+
+@pytest.fixture
+def two_runs(run, tmp_path) -> tuple[Path, Path, Path, Path, Path]:
+    """(the tiny run, a second run of the same vocabulary, source, reference, the reference lowercased and
+    tokenised for tok_ref=). The second run is the first with every checkpoint's weights perturbed by seeded
+    noise (0.3 of each tensor's spread): other models, which translate these lines differently."""
+    run_a, src, ref, _ = run
+    run_b = tmp_path / "tiny_b"
+    shutil.copytree(run_a / "checkpoints", run_b / "checkpoints")
+    generator = torch.Generator().manual_seed(7)
+    for path in sorted(ckpt.checkpoint_dir(run_b).glob("*.pt")):
+        state = ckpt.load(path)
+        for name, tensor in state["model"].items():
+            if tensor.is_floating_point() and tensor.numel() > 1:
+                noise = torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype)
+                state["model"][name] = tensor + 0.3 * tensor.std() * noise
+        ckpt.save(state, path)
+    tok_ref = tmp_path / "dev.lc.tok.de"
+    tok_ref.write_text("".join(line + "\n" for line in lc_norm_tok(read_lines(ref), "de")), encoding="utf-8")
+    return run_a, run_b, src, ref, tok_ref
+
+
+@pytest.mark.slow
+def test_an_ensemble_of_two_runs_is_swept_by_window_and_each_row_equals_that_ensembles_evaluation(
+        two_runs, tmp_path, capsys, monkeypatch, one_torch_thread):
+    run_a, run_b, src, ref, tok_ref = two_runs
+    # run b kept fewer checkpoints: the windows go as far as both runs can
+    for _, path in ckpt.list_numbered(run_b)[:2]:
+        path.unlink()
+    steps_a = [step for step, _ in ckpt.list_numbered(run_a)]
+    steps_b = [step for step, _ in ckpt.list_numbered(run_b)]
+    ensemble = f"checkpoint=[{run_a},{run_b}]"
+    args = [ensemble, f"src={src}", f"ref={ref}", f"tok_ref={tok_ref}", "checkpoints=all", f"out={tmp_path / 'out'}"]
+    stdout = run_evaluate(args, capsys)
+    result = json.loads((tmp_path / "out" / "checkpoints.json").read_text())
+    rows = {row["label"]: row for row in result["rows"]}
+    windows = [f"last {k}" for k in range(1, len(steps_b) + 1)]
+    assert list(rows) == ["best.pt", "averaged.pt"] + windows  # no single numbered checkpoints
+    assert result["runs"] == [str(run_a), str(run_b)]
+    for k, window in enumerate(windows, start=1):
+        assert [m["averaged_steps"] for m in rows[window]["members"]] == [steps_a[-k:], steps_b[-k:]]
+        assert rows[window]["step"] is None and rows[window]["averaged_steps"] is None
+
+    # each row is `evaluate.py 'checkpoint=[a,b]'` of those two models: files as they are, windows as
+    # `python -m transformer.checkpoint average` writes them; lcBLEU scored against tok_ref
+    alone = {}
+    for label in ("averaged.pt", "last 1", "last 3"):
+        members = []
+        for run_dir, member in zip((run_a, run_b), rows[label]["members"]):
+            if label == "averaged.pt":
+                members.append(ckpt.averaged_path(run_dir))
+                continue
+            members.append(tmp_path / f"{run_dir.name}-{label.replace(' ', '-')}.pt")
+            ckpt.save(ckpt.average([ckpt.numbered_path(run_dir, s) for s in member["averaged_steps"]]), members[-1])
+        single = tmp_path / "single" / label.replace(" ", "-")
+        run_evaluate([f"checkpoint=[{members[0]},{members[1]}]", f"src={src}", f"ref={ref}", f"tok_ref={tok_ref}",
+                      f"out={single}", f"table={tmp_path / 'table.md'}"], capsys)
+        scores = json.loads((single / "scores.json").read_text())["scores"]
+        row = rows[label]
+        assert [row["bleu"], row["chrf"], row["tokbleu"], row["lcbleu"]] == [
+            scores[name]["score"] for name in ("BLEU", "chrF2", "tokBLEU", "lcBLEU")], label
+        run_evaluate([f"checkpoint={members[0]}", f"src={src}", f"ref={ref}", f"out={single}-a",
+                      f"table={tmp_path / 'table.md'}"], capsys)
+        alone[label] = ((single / "hyp.txt").read_text(), (tmp_path / "single" / f"{label.replace(' ', '-')}-a"
+                                                            / "hyp.txt").read_text())
+    assert any(both != first for both, first in alone.values())  # the second model does change translations
+
+    # lcBLEU picks the window; the table shows each run's updates
+    best = max((rows[w] for w in windows), key=lambda r: (r["lcbleu"], -r["window"]))
+    assert result["best_window"] == best["window"] and result["best_by"] == "lcBLEU"
+    text = "\n".join(stdout)
+    assert stdout[0].endswith("| tokBLEU | lcBLEU |")
+    assert f"Best averaging window: the last {best['window']} checkpoint" in text and " of each run " in text
+    assert f"| last 2 | {steps_a[-1]} + {steps_b[-1]} | {steps_a[-2]}–{steps_a[-1]} (2) + " \
+           f"{steps_b[-2]}–{steps_b[-1]} (2) |" in text
+    assert f"the {len(steps_a)} numbered checkpoints in {ckpt.checkpoint_dir(run_a)}" in text
+    assert f"the {len(steps_b)} numbered checkpoints in {ckpt.checkpoint_dir(run_b)}" in text
+
+    # a rerun decodes nothing
+    monkeypatch.setattr(Translator, "translate", lambda *a, **k: pytest.fail("the rerun decoded"))
+    run_evaluate(args, capsys)
+    assert json.loads((tmp_path / "out" / "checkpoints.json").read_text())["decoded"] == 0
+
+
+@pytest.mark.parametrize("problem, words", [
+    ("twice", "names a run twice"),
+    ("file", "is not a run directory"),
+])
+def test_a_bad_ensemble_sweep_is_a_one_line_error(problem, words, tmp_path, capsys, monkeypatch):
+    (tmp_path / "src.en").write_text("a\n", encoding="utf-8")
+    (tmp_path / "ref.de").write_text("b\n", encoding="utf-8")
+    run_dir = tmp_path / "run"
+    ckpt.checkpoint_dir(run_dir).mkdir(parents=True)
+    ckpt.numbered_path(run_dir, 100).write_bytes(b"not read")
+    other = {"twice": run_dir, "file": ckpt.numbered_path(run_dir, 100)}[problem]
+    line = user_error(evaluate, [f"checkpoint=[{run_dir},{other}]", f"src={tmp_path / 'src.en'}",
+                                 f"ref={tmp_path / 'ref.de'}", "checkpoints=all"], capsys, monkeypatch)
     assert words in line, line

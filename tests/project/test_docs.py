@@ -48,6 +48,9 @@ SKIPPED = {
                                                 "averaging command line (checkpoint.main)",
     "python benchmarks/": "a benchmark (minutes to hours, some need a GPU): its figures are in docs/BENCHMARKS.md; "
                           "tests/project/test_benchmarks.py runs gpu_check's steps",
+    "python -m transformer.evaluation.scoring lc-norm-tok": "reads the Multi30k validation set; "
+                                                           "tests/evaluation/test_scoring.py runs the command on the "
+                                                           "raw test reference and compares it with the official file",
     "python -m transformer.evaluation.table3": "needs a sweep of trained runs; tests/evaluation/test_table3.py runs the command on run "
                                     "directories it writes",
     "python tools/wheelhouse.py": "downloads from a package index (minutes); tests/project/test_wheelhouse.py checks "

@@ -217,56 +217,61 @@ class Translator:
             raise ConfigError("checkpoint=[] names no checkpoint: give a run directory or a .pt file")
         paths = [ckpt.resolve(str(name)) for name in names]
         states = [ckpt.load(path) for path in paths]
-        protos = []
-        for path, state in zip(paths, states):  # every vocabulary is checked before any model is built
-            try:
-                protos.append(ckpt.spm_bytes(state))
-            except ckpt.CheckpointError as error:
-                raise ckpt.CheckpointError(f"{path}: {error}") from None
-            if protos[-1] != protos[0]:
-                raise ConfigError(f"{path} has another vocabulary than {paths[0]}: an ensemble needs models that "
-                                  "share one SentencePiece model")
-        try:
-            vocab = load_vocab(protos[0])
-        except DataError as error:
-            raise ckpt.CheckpointError(f"{paths[0]}: its stored vocabulary is unreadable ({error}); use another "
-                                       "checkpoint") from None
-        models, records = [], []
-        for path, state in zip(paths, states):
-            models.append(ckpt.model_of(state, path, vocab_size=vocab.size).to(device).eval())
-            records.append({k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler",
-                                                                         "scaler", "data_state", "spm_model")})
-            records[-1]["params"] = sum(t.numel() for t in state["model"].values())
-            log.info("loaded %s (update %s)", path, state.get("step"))
-        del states  # the weights are in the models now; the Adam moments of last.pt are not kept
-        decode = _with_settings(run_decode(records[0]) if decode is None else decode, settings)
-        data_cfg = (records[0].get("config") or {}).get("data", {})
-        for path, record in zip(paths[1:], records[1:]):
-            if language_tags((record.get("config") or {}).get("data", {})) != language_tags(data_cfg):
-                raise ConfigError(f"{path} translates into other languages than {paths[0]}: an ensemble's models "
-                                  "need the same target languages and tags")
-        target, prefix = _target(data_cfg, tgt_lang, vocab, paths[0])
-        return cls(model=models[0] if len(models) == 1 else Ensemble(models), vocab=vocab, decode=decode,
-                   src_lang=data_cfg.get("src_lang"), tgt_lang=target, device=device, checkpoints=records,
-                   source_prefix=prefix)
+        # the weights go into the models; the Adam moments of last.pt are dropped with `states`
+        translator = cls.from_states(states, device, names=[str(path) for path in paths], decode=decode,
+                                     tgt_lang=tgt_lang)
+        for path, record in zip(paths, translator.checkpoints):  # after the checks: an error is the one line
+            log.info("loaded %s (update %s)", path, record.get("step"))
+        return translator.with_decode(**settings) if settings else translator
 
     @classmethod
     def from_state(cls, state: dict, device: torch.device | str = "cpu", *, name: str = "checkpoint",
                    decode: DecodeConfig | None = None, tgt_lang: str | None = None) -> Translator:
         """From a checkpoint dict already in memory, e.g. `checkpoint.average(...)` made on the fly; `name`
         stands for its path in error messages; `decode` and `tgt_lang` as for `load` (default: the run's own)."""
+        return cls.from_states([state], device, names=[name], decode=decode, tgt_lang=tgt_lang)
+
+    @classmethod
+    def from_states(cls, states: Sequence[dict], device: torch.device | str = "cpu", *,
+                    names: Sequence[str] | None = None, decode: DecodeConfig | None = None,
+                    tgt_lang: str | None = None) -> Translator:
+        """From checkpoint dicts in memory: one model, or several decoded as one ensemble (they must share
+        one vocabulary and translate into the same languages). `names` stand for their paths in error
+        messages; `decode` and `tgt_lang` as for `load` (default: the first model's run's own)."""
+        names = list(names) if names is not None else [f"checkpoint {i + 1}" for i in range(len(states))]
+        if not states or len(names) != len(states):
+            raise ValueError(f"from_states needs one name per state: {len(states)} states, {len(names)} names")
+        device = device if isinstance(device, torch.device) else torch.device(device)
+        protos = []
+        for name, state in zip(names, states):  # every vocabulary is checked before any model is built
+            try:
+                protos.append(ckpt.spm_bytes(state))
+            except ckpt.CheckpointError as error:
+                raise ckpt.CheckpointError(f"{name}: {error}") from None
+            if protos[-1] != protos[0]:
+                raise ConfigError(f"{name} has another vocabulary than {names[0]}: an ensemble needs models that "
+                                  "share one SentencePiece model")
         try:
-            vocab = load_vocab(ckpt.spm_bytes(state))
-        except (ckpt.CheckpointError, DataError) as error:
-            raise ckpt.CheckpointError(f"{name}: its vocabulary is unusable ({error})") from None
-        record = {k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler", "scaler",
-                                                              "data_state", "spm_model")}
-        record["params"] = sum(t.numel() for t in state["model"].values())
-        data_cfg = (record.get("config") or {}).get("data", {})
-        target, prefix = _target(data_cfg, tgt_lang, vocab, name)
-        return cls(model=ckpt.model_of(state, name, vocab_size=vocab.size).to(device).eval(), vocab=vocab,
-                   decode=run_decode(record) if decode is None else decode, src_lang=data_cfg.get("src_lang"),
-                   tgt_lang=target, device=torch.device(device), checkpoints=[record], source_prefix=prefix)
+            vocab = load_vocab(protos[0])
+        except DataError as error:
+            raise ckpt.CheckpointError(f"{names[0]}: its stored vocabulary is unreadable ({error}); use another "
+                                       "checkpoint") from None
+        models, records = [], []
+        for name, state in zip(names, states):
+            models.append(ckpt.model_of(state, name, vocab_size=vocab.size).to(device).eval())
+            records.append({k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler",
+                                                                         "scaler", "data_state", "spm_model")})
+            records[-1]["params"] = sum(t.numel() for t in state["model"].values())
+        decode = run_decode(records[0]) if decode is None else decode
+        data_cfg = (records[0].get("config") or {}).get("data", {})
+        for name, record in zip(names[1:], records[1:]):
+            if language_tags((record.get("config") or {}).get("data", {})) != language_tags(data_cfg):
+                raise ConfigError(f"{name} translates into other languages than {names[0]}: an ensemble's models "
+                                  "need the same target languages and tags")
+        target, prefix = _target(data_cfg, tgt_lang, vocab, names[0])
+        return cls(model=models[0] if len(models) == 1 else Ensemble(models), vocab=vocab, decode=decode,
+                   src_lang=data_cfg.get("src_lang"), tgt_lang=target, device=device, checkpoints=records,
+                   source_prefix=prefix)
 
     def with_decode(self, **settings) -> Translator:
         """The same model (shared, not copied, with its packed weights and bf16 copy) with some search settings

@@ -235,3 +235,41 @@ def package_versions() -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             versions[package] = None
     return versions
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m transformer.evaluation.scoring lc-norm-tok LANG IN OUT`: a reference put through the Multi30k
+    task's preprocessing (`lc_norm_tok`), for evaluate.py's `tok_ref=` on a set without an official lowercased
+    tokenised file, such as a validation set."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    from data.errors import ConfigError
+    from data.files import atomic_write
+    from data.lines import read_text_lines
+
+    parser = argparse.ArgumentParser(prog="python -m transformer.evaluation.scoring",
+                                     description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    lc = commands.add_parser("lc-norm-tok", help="lowercase, Moses-normalise and -tokenise a reference (Multi30k's "
+                                                 "lc.norm.tok)")
+    lc.add_argument("lang", help="its language, for the Moses rules (de, fr, en, cs, ...)")
+    lc.add_argument("input", help="the reference, one sentence a line")
+    lc.add_argument("output", help="the file to write, for tok_ref=")
+    args = parser.parse_args(argv)
+    try:
+        if not Path(args.input).is_file():
+            raise ConfigError(f"{args.input}: no such file; give the reference to preprocess")
+        lines = read_text_lines(args.input, "input", strict=True)
+        atomic_write(Path(args.output), "".join(line + "\n" for line in lc_norm_tok(lines, args.lang)),
+                     what="lowercased tokenised reference")
+    except (ConfigError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.output}: {len(lines)} lines, lowercased, Moses-normalised and -tokenised ({args.lang})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
