@@ -135,6 +135,8 @@ def test_a_pruned_run_is_swept_over_what_it_kept(run, capsys, one_torch_thread):
     ("bogus", "checkpoints=some is not all"),
     ("hyp", "checkpoints=all decodes with every checkpoint of a run: drop hyp="),
     ("empty", "no numbered checkpoints"),
+    ("twice", "names a run twice: an ensemble's runs must differ"),
+    ("file in a list", "is not a run directory: give checkpoint=<run_dir>, or [<run_dir>,<run_dir>] for an ensemble"),
 ])
 def test_bad_use_of_checkpoints_all_is_a_one_line_error(problem, words, tmp_path, capsys, monkeypatch):
     (tmp_path / "src.en").write_text("a\n", encoding="utf-8")
@@ -144,8 +146,13 @@ def test_bad_use_of_checkpoints_all_is_a_one_line_error(problem, words, tmp_path
     checkpoint = ckpt.last_path(run_dir)
     checkpoint.write_bytes(b"not read")
     args = [f"src={tmp_path / 'src.en'}", f"ref={tmp_path / 'ref.de'}", "checkpoints=all"]
+    if problem in ("twice", "file in a list"):  # runs with a numbered checkpoint, given as an ensemble
+        ckpt.numbered_path(run_dir, 100).write_bytes(b"not read")
     args += {"pt": [f"checkpoint={checkpoint}"], "bogus": [f"checkpoint={run_dir}", "checkpoints=some"],
-             "hyp": [f"checkpoint={run_dir}", f"hyp={tmp_path / 'ref.de'}"]}.get(problem, [f"checkpoint={run_dir}"])
+             "hyp": [f"checkpoint={run_dir}", f"hyp={tmp_path / 'ref.de'}"],
+             "twice": [f"checkpoint=[{run_dir},{run_dir}]"],
+             "file in a list": [f"checkpoint=[{run_dir},{ckpt.numbered_path(run_dir, 100)}]"],
+             }.get(problem, [f"checkpoint={run_dir}"])
     if problem == "empty":
         checkpoint.unlink()
     line = user_error(evaluate, args, capsys, monkeypatch)
@@ -233,19 +240,3 @@ def test_an_ensemble_of_two_runs_is_swept_by_window_and_each_row_equals_that_ens
     monkeypatch.setattr(Translator, "translate", lambda *a, **k: pytest.fail("the rerun decoded"))
     run_evaluate(args, capsys)
     assert json.loads((tmp_path / "out" / "checkpoints.json").read_text())["decoded"] == 0
-
-
-@pytest.mark.parametrize("problem, words", [
-    ("twice", "names a run twice"),
-    ("file", "is not a run directory"),
-])
-def test_a_bad_ensemble_sweep_is_a_one_line_error(problem, words, tmp_path, capsys, monkeypatch):
-    (tmp_path / "src.en").write_text("a\n", encoding="utf-8")
-    (tmp_path / "ref.de").write_text("b\n", encoding="utf-8")
-    run_dir = tmp_path / "run"
-    ckpt.checkpoint_dir(run_dir).mkdir(parents=True)
-    ckpt.numbered_path(run_dir, 100).write_bytes(b"not read")
-    other = {"twice": run_dir, "file": ckpt.numbered_path(run_dir, 100)}[problem]
-    line = user_error(evaluate, [f"checkpoint=[{run_dir},{other}]", f"src={tmp_path / 'src.en'}",
-                                 f"ref={tmp_path / 'ref.de'}", "checkpoints=all"], capsys, monkeypatch)
-    assert words in line, line
