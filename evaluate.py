@@ -69,10 +69,11 @@ def run(cfg: DictConfig) -> int:
         decode, settings = decode_request(cfg, job.decode)
         translator = Translator.load(job.checkpoint, device, decode=decode, tgt_lang=job.tgt_lang, **settings)
     test = test or evaluation.read_test_set(job, translator)
-    if job.checkpoints == "all":
-        return sweep_checkpoints(job.checkpoint, test=test, lang=evaluation.target_language(job, translator),
-                                 decode=translator.decode, device=device, out=Path(job.out) if job.out else None,
-                                 tokenized=tokenized)
+    if job.checkpoints == "all":  # the sweep loads its own models: this one only resolved the settings
+        decode, lang = translator.decode, evaluation.target_language(job, translator)
+        del translator
+        return sweep_checkpoints(job.checkpoint, test=test, lang=lang, decode=decode, device=device,
+                                 out=Path(job.out) if job.out else None, tokenized=tokenized, tgt_lang=job.tgt_lang)
     return score_one(job, test, tokenized, translator, device)
 
 

@@ -189,6 +189,7 @@ def test_an_ensemble_of_two_runs_is_swept_by_window_and_each_row_equals_that_ens
         path.unlink()
     steps_a = [step for step, _ in ckpt.list_numbered(run_a)]
     steps_b = [step for step, _ in ckpt.list_numbered(run_b)]
+    assert len(steps_b) >= 3  # the rows checked below: last 1 to last 3
     ensemble = f"checkpoint=[{run_a},{run_b}]"
     args = [ensemble, f"src={src}", f"ref={ref}", f"tok_ref={tok_ref}", "checkpoints=all", f"out={tmp_path / 'out'}"]
     stdout = run_evaluate(args, capsys)
@@ -196,7 +197,7 @@ def test_an_ensemble_of_two_runs_is_swept_by_window_and_each_row_equals_that_ens
     rows = {row["label"]: row for row in result["rows"]}
     windows = [f"last {k}" for k in range(1, len(steps_b) + 1)]
     assert list(rows) == ["best.pt", "averaged.pt"] + windows  # no single numbered checkpoints
-    assert result["runs"] == [str(run_a), str(run_b)]
+    assert [r["run"] for r in result["runs"]] == [str(run_a), str(run_b)]
     for k, window in enumerate(windows, start=1):
         assert [m["averaged_steps"] for m in rows[window]["members"]] == [steps_a[-k:], steps_b[-k:]]
         assert rows[window]["step"] is None and rows[window]["averaged_steps"] is None
@@ -236,7 +237,14 @@ def test_an_ensemble_of_two_runs_is_swept_by_window_and_each_row_equals_that_ens
     assert f"the {len(steps_a)} numbered checkpoints in {ckpt.checkpoint_dir(run_a)}" in text
     assert f"the {len(steps_b)} numbered checkpoints in {ckpt.checkpoint_dir(run_b)}" in text
 
-    # a rerun decodes nothing
+    from matplotlib.image import imread
+
+    pixels = imread(tmp_path / "out" / "checkpoints.png")  # the window panel alone
+    assert pixels.shape[0] > 200 and pixels.shape[1] > 400 and pixels.std() > 0.05
+
+    # a rerun decodes nothing; by default its files go beside run a's own sweep, not over it
     monkeypatch.setattr(Translator, "translate", lambda *a, **k: pytest.fail("the rerun decoded"))
-    run_evaluate(args, capsys)
-    assert json.loads((tmp_path / "out" / "checkpoints.json").read_text())["decoded"] == 0
+    run_evaluate(args[:-1], capsys)
+    default = run_a / "eval" / "dev" / f"ensemble_{run_a.name}+{run_b.name}"
+    assert json.loads((default / "checkpoints.json").read_text())["decoded"] == 0
+    assert not (run_a / "eval" / "dev" / "checkpoints.json").exists()

@@ -238,8 +238,10 @@ class Translator:
         """From checkpoint dicts in memory: one model, or several decoded as one ensemble (they must share
         one vocabulary and translate into the same languages). `names` stand for their paths in error
         messages; `decode` and `tgt_lang` as for `load` (default: the first model's run's own)."""
+        if not states:
+            raise ValueError("from_states needs at least one checkpoint state")
         names = list(names) if names is not None else [f"checkpoint {i + 1}" for i in range(len(states))]
-        if not states or len(names) != len(states):
+        if len(names) != len(states):
             raise ValueError(f"from_states needs one name per state: {len(states)} states, {len(names)} names")
         device = device if isinstance(device, torch.device) else torch.device(device)
         protos = []

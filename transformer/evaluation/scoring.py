@@ -1,7 +1,8 @@
 """Scoring translations: sacreBLEU, chrF, the paper's tokenized BLEU, the Multi30k papers' lcBLEU, and the
 package versions a score depends on (test sets: transformer/evaluation/testsets.py; the results tables: tables.py).
 
-Pure functions over lists of strings and files; no model, no Hydra. evaluate.py wires them.
+Pure functions over lists of strings and files; no model, no Hydra. evaluate.py wires them; one command of
+its own, `python -m transformer.evaluation.scoring lc-norm-tok LANG IN OUT`, makes a tok_ref= file (`main`).
 
 Three metrics, one line each, in sacreBLEU's own format (`NAME|signature = score details`):
 
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     import sys
     from pathlib import Path
 
-    from data.errors import ConfigError
+    from data.errors import ConfigError, WriteError
     from data.files import atomic_write
     from data.lines import read_text_lines
 
@@ -263,8 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"{args.input}: no such file; give the reference to preprocess")
         lines = read_text_lines(args.input, "input", strict=True)
         atomic_write(Path(args.output), "".join(line + "\n" for line in lc_norm_tok(lines, args.lang)),
-                     what="lowercased tokenised reference")
-    except (ConfigError, OSError) as error:
+                     what="lowercased tokenised reference", elsewhere="give another OUT")
+    except (ConfigError, WriteError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"wrote {args.output}: {len(lines)} lines, lowercased, Moses-normalised and -tokenised ({args.lang})")

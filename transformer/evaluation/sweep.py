@@ -22,13 +22,14 @@ Only the numbered checkpoints still on disk are seen: training deletes all but t
 `train.keep_last` (default 10). A run meant to be swept keeps what it wants compared (e.g.
 `train.keep_last=0`, keep all; a checkpoint of the base model is ~0.7 GB with its Adam moments).
 
-Decodes are cached in run_dir/eval/cache/, keyed by the model's content (a SHA-256 of its weights, config
+Decodes are cached in run_dir/eval/cache/ (of an ensemble, its first run's), keyed by the model's content (a SHA-256 of its weights, config
 and vocabulary), the decode settings, the device type and the source text: a second sweep decodes
 nothing, and identical models (k = 1 and the newest checkpoint, averaged.pt and the window it averages,
 best.pt and the numbered checkpoint it copies) are decoded once. Delete the folder to start afresh.
 
-Outputs (in `out`, default run_dir/eval/<test set>/): checkpoints.md (the table, also on stdout),
-checkpoints.json, and checkpoints.png (BLEU against the update, and BLEU against the window k).
+Outputs (in `out`, default run_dir/eval/<test set>/, of an ensemble run_a/eval/<test set>/ensemble_<run_a>+<run_b>/):
+checkpoints.md (the table, also on stdout), checkpoints.json, and checkpoints.png (the score that picks the
+window, lcBLEU or BLEU, against the update (one run only) and against the window k).
 """
 
 from __future__ import annotations
@@ -190,10 +191,15 @@ class DecodeCache:
 
 
 def sweep_checkpoints(checkpoint, *, test: TestSet, lang: str, decode: DecodeConfig, device: torch.device,
-                      out: Path | None, tokenized: tuple[str, list[str]] | None = None) -> int:
+                      out: Path | None, tokenized: tuple[str, list[str]] | None = None,
+                      tgt_lang: str | None = None) -> int:
     """Score every candidate of the run (or the ensemble of runs) `checkpoint` names; print and write the
-    table, the plot, the best window. evaluate.py's `checkpoints=all`; `tokenized` as for `steps.score`."""
+    table, the plot, the best window. evaluate.py's `checkpoints=all`; `tokenized` as for `steps.score`,
+    `tgt_lang` as for `Translator.load`."""
     run_dirs = sweep_run_dirs(checkpoint)
+    if tokenized is not None and len(tokenized[1]) != len(test.references):  # before any decode
+        raise ConfigError(f"tok_ref={tokenized[0]} has {len(tokenized[1])} lines but the reference has "
+                          f"{len(test.references)}: give the tokenised reference of the same test set")
     cache = DecodeCache(run_dirs[0] / "eval" / "cache", decode=decode, device=device, sources=test.sources)
     file_digests: dict[Path, tuple[str, int | None]] = {}  # path -> (digest, step)
     scored: dict[str, dict[str, float]] = {}  # digest -> scores by name, each model scored once
@@ -205,7 +211,9 @@ def sweep_checkpoints(checkpoint, *, test: TestSet, lang: str, decode: DecodeCon
         cached = hypotheses is not None
         if hypotheses is None:
             translator = Translator.from_states([model.weights() for model in models], device,
-                                                names=[model.name for model in models], decode=decode)
+                                                names=[model.name for model in models], decode=decode,
+                                                tgt_lang=tgt_lang)
+            del models[:]  # the loaded files (Adam moments too) and averages: the models hold the weights now
             log.info("decoding %d lines with %s", len(test.sources), candidate.label)
             hypotheses = translator.translate(test.sources, progress=True, source=test.name)
             del translator
@@ -222,14 +230,16 @@ def sweep_checkpoints(checkpoint, *, test: TestSet, lang: str, decode: DecodeCon
                         **_updates(candidate, run_dirs, file_digests)))
     report = _report(rows, run_dirs, test.name, decode_count=decoded)
     print(report, end="", flush=True)
-    out = out if out is not None else run_dirs[0] / "eval" / test.name
+    if out is None:  # an ensemble's table does not replace its first run's own
+        out = run_dirs[0] / "eval" / test.name
+        out = out / f"ensemble_{'+'.join(run_dir.name for run_dir in run_dirs)}" if len(run_dirs) > 1 else out
     atomic_write(out / "checkpoints.md", report)
     best = _best_window(rows)
     atomic_write(out / "checkpoints.json", json.dumps(
         {"testset": test.name, "lang": lang, "lines": len(test.sources), "decode": asdict(decode),
-         "runs": [str(run_dir) for run_dir in run_dirs], "keep_last": [_keep_last(run_dir) for run_dir in run_dirs]
-         if len(run_dirs) > 1 else _keep_last(run_dirs[0]), "decoded": decoded, "best_window": best.window,
-         "best_by": _metric(best)[0], "rows": [asdict(row) for row in rows]}, indent=2) + "\n")
+         "runs": [{"run": str(run_dir), "keep_last": _keep_last(run_dir)} for run_dir in run_dirs],
+         "decoded": decoded, "best_window": best.window, "best_by": _metric(best)[0],
+         "rows": [asdict(row) for row in rows]}, indent=2) + "\n")
     title = " + ".join(run_dir.name for run_dir in run_dirs) + (" (an ensemble)" if len(run_dirs) > 1 else "")
     _plot(rows, out / "checkpoints.png", title=f"{title} on {test.name}")
     log.info("decoded with %d of %d models (the others were cached); wrote %s", decoded, len(rows),
@@ -320,12 +330,21 @@ def _steps(steps: list[int] | None) -> str:
     return f"{min(steps)}–{max(steps)} ({len(steps)})" if len(steps) > 1 else str(steps[0])
 
 
+def _span(steps: list[int]) -> str:
+    return f"{min(steps)}–{max(steps)}" if len(steps) > 1 else str(steps[0])
+
+
 def _row_updates(row: Row) -> tuple[str, str]:
     """The Update and Averages updates cells: of one run, or each run's joined by +."""
     if row.members is None:
         return (str(row.step) if row.step is not None else "–"), _steps(row.averaged_steps)
     return (" + ".join(str(m["step"]) if m["step"] is not None else "–" for m in row.members),
             " + ".join(_steps(m["averaged_steps"]) for m in row.members))
+
+
+def _window_steps(row: Row) -> list[list[int]]:
+    """The updates a window row averages, for each run."""
+    return [m["averaged_steps"] for m in row.members] if row.members is not None else [row.averaged_steps]
 
 
 def _seen(run_dir: Path) -> str:
@@ -349,7 +368,8 @@ def _report(rows: list[Row], run_dirs: list[Path], set_name: str, *, decode_coun
     metric, score = _metric(best)
     of_each = " of each run" if len(run_dirs) > 1 else ""
     lines += ["", f"Best averaging window: the last {best.window} checkpoint{'s' if best.window > 1 else ''}{of_each} "
-                  f"(updates {_row_updates(best)[1]}): {metric} {score:.2f} on {set_name}.",
+                  f"(updates {' + '.join(_span(steps) for steps in _window_steps(best))}): {metric} {score:.2f} "
+                  f"on {set_name}.",
               f"Seen: {'; '.join(_seen(run_dir) for run_dir in run_dirs)}: training deletes older ones, so for a run "
               "meant to be swept set train.keep_last to the number of checkpoints to compare (0 keeps all).",
               f"Decoded {decode_count} of {len(rows)} rows now; the others came from "
