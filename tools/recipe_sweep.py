@@ -17,7 +17,10 @@ preprocessing (`scoring.lc_norm_tok`, which reproduces the official `lc.norm.tok
 read. A finished candidate (its `sweep.json`) is not run again: a killed sweep continues where it stopped.
 `--ensemble a,b`: the averaged checkpoints of finished candidates that share a vocabulary, decoded as one
 ensemble (their log-probabilities averaged) and scored the same way: two runs trained side by side, one thread
-each, cost what one two-thread run costs.
+each, cost what one two-thread run costs. Which averaging window such an ensemble wants is evaluate.py's to
+say: `'checkpoint=[<out>/a,<out>/b]' checkpoints=all` with the validation set and a `tok_ref=` file made by
+`python -m transformer.evaluation.scoring lc-norm-tok` (the runs must keep the checkpoints to compare:
+`train.keep_last`).
 
 The table (`<out>/sweep.md`, also `sweep.json`): candidate, overrides, updates, target tokens/s, best validation
 perplexity (and its update), validation sacreBLEU and lcBLEU of the average, peak resident memory.
