@@ -225,18 +225,11 @@ class Translator:
         return translator.with_decode(**settings) if settings else translator
 
     @classmethod
-    def from_state(cls, state: dict, device: torch.device | str = "cpu", *, name: str = "checkpoint",
-                   decode: DecodeConfig | None = None, tgt_lang: str | None = None) -> Translator:
-        """From a checkpoint dict already in memory, e.g. `checkpoint.average(...)` made on the fly; `name`
-        stands for its path in error messages; `decode` and `tgt_lang` as for `load` (default: the run's own)."""
-        return cls.from_states([state], device, names=[name], decode=decode, tgt_lang=tgt_lang)
-
-    @classmethod
     def from_states(cls, states: Sequence[dict], device: torch.device | str = "cpu", *,
                     names: Sequence[str] | None = None, decode: DecodeConfig | None = None,
                     tgt_lang: str | None = None) -> Translator:
-        """From checkpoint dicts in memory: one model, or several decoded as one ensemble (they must share
-        one vocabulary and translate into the same languages). `names` stand for their paths in error
+        """From checkpoint dicts in memory (e.g. `checkpoint.average(...)` made on the fly): one model, or several
+        decoded as one ensemble (they must share one vocabulary and translate into the same languages). `names` stand for their paths in error
         messages; `decode` and `tgt_lang` as for `load` (default: the first model's run's own)."""
         if not states:
             raise ValueError("from_states needs at least one checkpoint state")

@@ -210,16 +210,15 @@ def sweep_checkpoints(checkpoint, *, test: TestSet, lang: str, decode: DecodeCon
         hypotheses = cache.translation(digest, len(test.sources))
         cached = hypotheses is not None
         if hypotheses is None:
-            translator = Translator.from_states([model.weights() for model in models], device,
+            translator = Translator.from_states([model.take_weights() for model in models], device,
                                                 names=[model.name for model in models], decode=decode,
                                                 tgt_lang=tgt_lang)
-            del models[:]  # the loaded files (Adam moments too) and averages: the models hold the weights now
             log.info("decoding %d lines with %s", len(test.sources), candidate.label)
             hypotheses = translator.translate(test.sources, progress=True, source=test.name)
             del translator
             decoded += 1
             cache.store_translation(digest, hypotheses, candidate.label)
-        del models[:]  # a window's average, made to find its digest, goes with it
+        del models  # a window's average made only to find its digest (a cached translation) goes with it
         if digest not in scored:
             scored[digest] = {s.name: s.score for s in evaluation.score(hypotheses, test, lang=lang,
                                                                          tokenized=tokenized)}
@@ -270,10 +269,13 @@ class _Model:
             cache.store_average_digest(inputs, digest)
         return cls(name=name, digest=digest, paths=paths, window=True, state=state)
 
-    def weights(self) -> dict:
-        if self.state is None:
-            self.state = ckpt.average(list(self.paths)) if self.window else ckpt.load(self.paths[0])
-        return self.state
+    def take_weights(self) -> dict:
+        """The checkpoint dict to build the model from, handed over rather than kept: once the model is built,
+        the loaded file (Adam moments too) or the average is freed."""
+        state, self.state = self.state, None
+        if state is None:
+            state = ckpt.average(list(self.paths)) if self.window else ckpt.load(self.paths[0])
+        return state
 
 
 def _updates(candidate: Candidate, run_dirs: list[Path], memo: dict) -> dict:
