@@ -229,8 +229,9 @@ class Translator:
                     names: Sequence[str] | None = None, decode: DecodeConfig | None = None,
                     tgt_lang: str | None = None) -> Translator:
         """From checkpoint dicts in memory (e.g. `checkpoint.average(...)` made on the fly): one model, or several
-        decoded as one ensemble (they must share one vocabulary and translate into the same languages). `names` stand for their paths in error
-        messages; `decode` and `tgt_lang` as for `load` (default: the first model's run's own)."""
+        decoded as one ensemble (they must share one vocabulary and translate into the same languages). `names`
+        stand for their paths in error messages; `decode` and `tgt_lang` as for `load` (default: the first
+        model's run's own)."""
         if not states:
             raise ValueError("from_states needs at least one checkpoint state")
         names = list(names) if names is not None else [f"checkpoint {i + 1}" for i in range(len(states))]
