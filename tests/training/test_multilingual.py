@@ -5,12 +5,15 @@ language's tag; the run's validation pairs carry the main pair's tag; translatin
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
 
 import pytest
 
 from data.config import DataConfig, language_tags
 from data.errors import ConfigError
-from helpers import run, write_made_up_french
+from helpers import run, run_evaluate, write_made_up_french
+from transformer import checkpoint as ckpt
 from transformer import search
 from transformer.decoding import translation
 from transformer.decoding.translation import Translator
@@ -98,6 +101,24 @@ def test_the_end_of_training_test_translation_puts_the_main_pairs_tag_first(mult
     run(corpus, multilingual_run, multilingual_changes(corpus, extra.prefix, extra.valid_prefix, steps=4))
     tag = Translator.load(multilingual_run, "cpu", tgt_lang="de").source_prefix[0]
     assert len(seen) == 16 and all(ids[0] == tag for ids in seen)  # the test split: the corpus's 16 valid pairs
+
+
+def test_a_sweep_decodes_into_its_tgt_lang_and_does_not_reuse_another_languages_translations(
+        multilingual_run, corpus, tmp_path, capsys, monkeypatch):
+    """evaluate.py checkpoints=all tgt_lang=fr, then tgt_lang=de, on one source: each search's sources lead with
+    that language's tag, and the German sweep decodes again rather than scoring the cached French translations."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(multilingual_run, run_dir, ignore=shutil.ignore_patterns("eval"))
+    shutil.copy(ckpt.last_path(run_dir), ckpt.numbered_path(run_dir, 3))  # the sweep's one numbered checkpoint
+    src, ref = (corpus.prefixes["valid"].with_suffix(f".{lang}") for lang in ("en", "de"))
+    seen = sources_searched(monkeypatch)
+    for lang in ("fr", "de"):
+        seen.clear()
+        run_evaluate([f"checkpoint={run_dir}", f"src={src}", f"ref={ref}", "checkpoints=all", f"tgt_lang={lang}",
+                      "decode.beam=1", "decode.max_len_b=3", f"out={tmp_path / lang}"], capsys)
+        decoded = json.loads((tmp_path / lang / "checkpoints.json").read_text())["decoded"]
+        tag = Translator.load(run_dir, "cpu", tgt_lang=lang).source_prefix[0]
+        assert decoded >= 1 and len(seen) == 16 * decoded and all(ids[0] == tag for ids in seen), lang
 
 
 def test_each_pair_is_validated_and_the_run_keeps_the_best_of_their_mean(multilingual_run):

@@ -151,13 +151,18 @@ def _sha256(*parts: str) -> str:
 
 
 class DecodeCache:
-    """Translations by (model digest, decode settings, device type, source text), one JSON file each under
-    `directory`, written atomically; also which digest the average of which digests has, so that a rerun
-    need not average again."""
+    """Translations by (model digest, decode settings, device type, target language, source text), one JSON file
+    each under `directory`, written atomically; also which digest the average of which digests has, so that a
+    rerun need not average again. The target language is a multilingual model's tgt_lang (None for one pair):
+    the same model and source decoded into French is not its German translation."""
 
-    def __init__(self, directory: Path, *, decode: DecodeConfig, device: torch.device, sources: list[str]):
+    def __init__(self, directory: Path, *, decode: DecodeConfig, device: torch.device, sources: list[str],
+                 tgt_lang: str | None = None):
         self.directory = directory
-        self.settings = json.dumps({"decode": asdict(decode), "device": torch.device(device).type}, sort_keys=True)
+        settings = {"decode": asdict(decode), "device": torch.device(device).type}
+        if tgt_lang is not None:  # keyed only when given: the entries of one-pair runs stay valid
+            settings["tgt_lang"] = tgt_lang
+        self.settings = json.dumps(settings, sort_keys=True)
         self.source_digest = _sha256(*sources)
 
     def _read(self, name: str) -> dict | None:
@@ -200,7 +205,8 @@ def sweep_checkpoints(checkpoint, *, test: TestSet, lang: str, decode: DecodeCon
     if tokenized is not None and len(tokenized[1]) != len(test.references):  # before any decode
         raise ConfigError(f"tok_ref={tokenized[0]} has {len(tokenized[1])} lines but the reference has "
                           f"{len(test.references)}: give the tokenised reference of the same test set")
-    cache = DecodeCache(run_dirs[0] / "eval" / "cache", decode=decode, device=device, sources=test.sources)
+    cache = DecodeCache(run_dirs[0] / "eval" / "cache", decode=decode, device=device, sources=test.sources,
+                        tgt_lang=tgt_lang)
     file_digests: dict[Path, tuple[str, int | None]] = {}  # path -> (digest, step)
     scored: dict[str, dict[str, float]] = {}  # digest -> scores by name, each model scored once
     rows, decoded = [], 0
