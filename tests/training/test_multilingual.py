@@ -121,6 +121,22 @@ def test_a_sweep_decodes_into_its_tgt_lang_and_does_not_reuse_another_languages_
         assert decoded >= 1 and len(seen) == 16 * decoded and all(ids[0] == tag for ids in seen), lang
 
 
+def test_evaluations_into_two_languages_of_one_test_set_write_apart(multilingual_run, corpus, tmp_path, capsys):
+    """evaluate.py tgt_lang=fr, then tgt_lang=de, with one reference file: run_dir/eval/<set>.fr/ and <set>.de/,
+    each with its own hypotheses, rather than the second evaluation's files over the first's."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(multilingual_run, run_dir, ignore=shutil.ignore_patterns("eval"))
+    src, ref = (corpus.prefixes["valid"].with_suffix(f".{lang}") for lang in ("en", "de"))
+    for lang in ("fr", "de"):
+        run_evaluate([f"checkpoint={run_dir}", f"src={src}", f"ref={ref}", f"tgt_lang={lang}", "decode.beam=1",
+                      "decode.max_len_b=3", "report=false"], capsys)
+    for lang in ("fr", "de"):
+        hypotheses = (run_dir / "eval" / f"{ref.stem}.{lang}" / "hyp.txt").read_text(encoding="utf-8")
+        assert hypotheses == "".join(line + "\n" for line in Translator.load(
+            run_dir, "cpu", tgt_lang=lang, beam=1, max_len_b=3).translate(src.read_text(encoding="utf-8").splitlines()))
+    assert not (run_dir / "eval" / ref.stem).exists()
+
+
 def test_each_pair_is_validated_and_the_run_keeps_the_best_of_their_mean(multilingual_run):
     """valid/en-de/* and valid/en-fr/* in TensorBoard, each pair's sources led by its own tag; valid/* is their
     mean, which best.pt follows (train.best_metric)."""
