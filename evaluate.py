@@ -9,8 +9,9 @@
 
 stdout: one line per metric (sacreBLEU's BLEU and chrF with their signatures, the paper's `tokBLEU|...`; with
 `tok_ref=`, the Multi30k papers' `lcBLEU|...`). Hypotheses, scores.json and (report=true, the default for a
-run directory) report.md go to `out` (default run_dir/eval/<test set>/); a row is appended to `table` (default
-run_dir/eval/table.md) in the layout of the paper's Table 2 or 3. The pieces: transformer/evaluation/steps.py;
+run directory) report.md go to `out` (default run_dir/eval/<test set>/, a multilingual model's
+<test set>.<tgt_lang>/); a row is appended to `table` (default run_dir/eval/table.md) in the layout of the paper's
+Table 2 or 3. The pieces: transformer/evaluation/steps.py;
 several hyp= files: transformer/evaluation/significance.py; checkpoints=all: transformer/evaluation/sweep.py.
 """
 
@@ -35,7 +36,7 @@ from transformer.evaluation.report import Evaluation, write_report
 from transformer.evaluation.tables import append_table_row
 from transformer.search import Ensemble
 from transformer.evaluation.significance import paired_significance
-from transformer.evaluation.sweep import sweep_checkpoints, sweep_run_dirs
+from transformer.evaluation.sweep import sweep_checkpoints, sweep_folder, sweep_run_dirs
 from transformer.decoding.translation import Translator
 from transformer.evaluation.measures import write_results
 
@@ -70,12 +71,14 @@ def run(cfg: DictConfig) -> int:
         translator = Translator.load(job.checkpoint, device, decode=decode, tgt_lang=job.tgt_lang, **settings)
     test = test or evaluation.read_test_set(job, translator)
     if translator is not None and translator.source_prefix:  # a multilingual model: a folder per target language
-        test = dataclasses.replace(test, name=f"{test.name}.{translator.tgt_lang}")
+        test = dataclasses.replace(test, language=translator.tgt_lang)
     if job.checkpoints == "all":  # the sweep loads its own models: this one only resolved the settings
         decode, lang = translator.decode, evaluation.target_language(job, translator)
         del translator
-        return sweep_checkpoints(job.checkpoint, test=test, lang=lang, decode=decode, device=device,
-                                 out=Path(job.out) if job.out else None, tokenized=tokenized, tgt_lang=job.tgt_lang)
+        out = Path(job.out) if job.out else sweep_folder(sweep_run_dirs(job.checkpoint), test)
+        hold_out(out)
+        return sweep_checkpoints(job.checkpoint, test=test, lang=lang, decode=decode, device=device, out=out,
+                                 tokenized=tokenized)
     return score_one(job, test, tokenized, translator, device)
 
 

@@ -17,6 +17,7 @@ from transformer import checkpoint as ckpt
 from transformer import search
 from transformer.decoding import translation
 from transformer.decoding.translation import Translator
+from transformer.evaluation.testsets import read_lines
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -121,20 +122,27 @@ def test_a_sweep_decodes_into_its_tgt_lang_and_does_not_reuse_another_languages_
         assert decoded >= 1 and len(seen) == 16 * decoded and all(ids[0] == tag for ids in seen), lang
 
 
-def test_evaluations_into_two_languages_of_one_test_set_write_apart(multilingual_run, corpus, tmp_path, capsys):
+def test_evaluations_into_two_languages_of_one_test_set_write_apart(multilingual_run, corpus, tmp_path, capsys,
+                                                                    monkeypatch):
     """evaluate.py tgt_lang=fr, then tgt_lang=de, with one reference file: run_dir/eval/<set>.fr/ and <set>.de/,
-    each with its own hypotheses, rather than the second evaluation's files over the first's."""
+    each with the translations into its language (each search's sources led by its tag), rather than the second
+    evaluation's files over the first's; the table's two rows keep the set's own name (its columns name the
+    language)."""
     run_dir = tmp_path / "run"
     shutil.copytree(multilingual_run, run_dir, ignore=shutil.ignore_patterns("eval"))
     src, ref = (corpus.prefixes["valid"].with_suffix(f".{lang}") for lang in ("en", "de"))
+    seen = sources_searched(monkeypatch)
     for lang in ("fr", "de"):
+        seen.clear()
         run_evaluate([f"checkpoint={run_dir}", f"src={src}", f"ref={ref}", f"tgt_lang={lang}", "decode.beam=1",
                       "decode.max_len_b=3", "report=false"], capsys)
-    for lang in ("fr", "de"):
+        translator = Translator.load(run_dir, "cpu", tgt_lang=lang, beam=1, max_len_b=3)
+        assert len(seen) == 16 and all(ids[0] == translator.source_prefix[0] for ids in seen), lang
         hypotheses = (run_dir / "eval" / f"{ref.stem}.{lang}" / "hyp.txt").read_text(encoding="utf-8")
-        assert hypotheses == "".join(line + "\n" for line in Translator.load(
-            run_dir, "cpu", tgt_lang=lang, beam=1, max_len_b=3).translate(src.read_text(encoding="utf-8").splitlines()))
+        assert hypotheses == "".join(f"{line}\n" for line in translator.translate(read_lines(src))), lang
     assert not (run_dir / "eval" / ref.stem).exists()
+    table = (run_dir / "eval" / "table.md").read_text(encoding="utf-8")
+    assert table.count(f"| run | {ref.stem} | ") == 2 and f"{ref.stem}.fr" not in table, table  # EN-DE, EN-FR
 
 
 def test_each_pair_is_validated_and_the_run_keeps_the_best_of_their_mean(multilingual_run):

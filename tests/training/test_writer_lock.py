@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ROOT, subprocess_env, train_main, user_error
+from helpers import ROOT, main_with_user_errors, subprocess_env, train_main, user_error
 import evaluate  # noqa: E402
 import train  # noqa: E402
 import translate  # noqa: E402
@@ -171,6 +171,30 @@ def test_a_second_evaluation_into_a_busy_out_folder_is_refused(tmp_path, capsys,
         holder.wait()
     assert f"out={out} is in use by PID {holder.pid}" in message, message
     assert not (out / "scores.json").exists()
+
+
+def test_a_sweep_into_the_busy_default_folder_of_its_run_is_refused(disagreeing_checkpoints, tmp_path, capsys,
+                                                                   monkeypatch):
+    """evaluate.py checkpoints=all without out= writes to run_dir/eval/<set>/: held there like any out= (refused
+    once the model that resolves the settings and the set's folder is loaded: its log line comes first)."""
+    run_dir, ref = tmp_path / "run", tmp_path / "ref.de"
+    ref.write_text("ein Haus\n", encoding="utf-8")
+    state = {**ckpt.load(disagreeing_checkpoints[0]), "step": 1}  # a run of one update, sweepable but for the lock
+    for path in (ckpt.numbered_path(run_dir, 1), ckpt.last_path(run_dir)):
+        ckpt.save(state, path)
+    out = run_dir / "eval" / "ref"
+    holder = hold_in_another_process(out)
+    monkeypatch.setattr(sys, "argv", ["evaluate.py", f"checkpoint={run_dir}", f"src={ref}", f"ref={ref}",
+                                      "checkpoints=all", "device=cpu"])
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            main_with_user_errors(evaluate.main)()
+    finally:
+        holder.kill()
+        holder.wait()
+    message = capsys.readouterr().err.splitlines()[-1]
+    assert exit_info.value.code == 2 and f"error: out={out} is in use by PID {holder.pid}" in message, message
+    assert not (out / "checkpoints.md").exists()
 
 
 def test_a_second_translation_of_the_same_share_of_an_output_is_refused(disagreeing_checkpoints, tmp_path, capsys,

@@ -33,7 +33,13 @@ log = logging.getLogger("evaluate")
 class TestSet:
     sources: list[str] | None  # None: only a reference was given (hyp= scoring needs no source)
     references: list[str]
-    name: str  # the folder under run_dir/eval/: the test set's name, or the reference file's stem
+    name: str  # the test set's name, or the reference file's stem
+    language: str | None = None  # a multilingual model's tgt_lang: each language's files apart
+
+    @property
+    def folder(self) -> str:
+        """The folder under run_dir/eval/: the name, and a multilingual model's target language after it."""
+        return f"{self.name}.{self.language}" if self.language else self.name
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,7 @@ class Destinations:
     def of(cls, job: EvaluateJob, test: TestSet) -> Destinations:
         path = ckpt.resolve(str(job.checkpoint)) if isinstance(job.checkpoint, str) else None
         run_dir = ckpt.run_dir_of(path) if path is not None else None
-        out = Path(job.out) if job.out else (run_dir / "eval" / test.name if run_dir else None)
+        out = Path(job.out) if job.out else (run_dir / "eval" / test.folder if run_dir else None)
         report = job.report
         if report is None:
             report = isinstance(job.checkpoint, str) and Path(job.checkpoint).is_dir()

@@ -160,7 +160,7 @@ class DecodeCache:
                  tgt_lang: str | None = None):
         self.directory = directory
         settings = {"decode": asdict(decode), "device": torch.device(device).type}
-        if tgt_lang is not None:  # keyed only when given: the entries of one-pair runs stay valid
+        if tgt_lang is not None:  # a multilingual model's only: the entries of one-pair runs stay valid
             settings["tgt_lang"] = tgt_lang
         self.settings = json.dumps(settings, sort_keys=True)
         self.source_digest = _sha256(*sources)
@@ -195,18 +195,24 @@ class DecodeCache:
         self._write(_sha256("average", *digests), {"inputs": digests, "digest": digest})
 
 
+def sweep_folder(run_dirs: list[Path], test: TestSet) -> Path:
+    """Where a sweep writes unless out= says: beside the first run's own evaluations of the set, and an
+    ensemble's in a folder of its own there (its table does not replace the first run's)."""
+    out = run_dirs[0] / "eval" / test.folder
+    return out / f"ensemble_{'+'.join(run_dir.name for run_dir in run_dirs)}" if len(run_dirs) > 1 else out
+
+
 def sweep_checkpoints(checkpoint, *, test: TestSet, lang: str, decode: DecodeConfig, device: torch.device,
-                      out: Path | None, tokenized: tuple[str, list[str]] | None = None,
-                      tgt_lang: str | None = None) -> int:
+                      out: Path | None = None, tokenized: tuple[str, list[str]] | None = None) -> int:
     """Score every candidate of the run (or the ensemble of runs) `checkpoint` names; print and write the
-    table, the plot, the best window. evaluate.py's `checkpoints=all`; `tokenized` as for `steps.score`,
-    `tgt_lang` as for `Translator.load`."""
+    table, the plot, the best window (to `out`, else `sweep_folder`). evaluate.py's `checkpoints=all`;
+    `tokenized` as for `steps.score`; a multilingual model translates into `test.language`."""
     run_dirs = sweep_run_dirs(checkpoint)
     if tokenized is not None and len(tokenized[1]) != len(test.references):  # before any decode
         raise ConfigError(f"tok_ref={tokenized[0]} has {len(tokenized[1])} lines but the reference has "
                           f"{len(test.references)}: give the tokenised reference of the same test set")
     cache = DecodeCache(run_dirs[0] / "eval" / "cache", decode=decode, device=device, sources=test.sources,
-                        tgt_lang=tgt_lang)
+                        tgt_lang=test.language)
     file_digests: dict[Path, tuple[str, int | None]] = {}  # path -> (digest, step)
     scored: dict[str, dict[str, float]] = {}  # digest -> scores by name, each model scored once
     rows, decoded = [], 0
@@ -218,7 +224,7 @@ def sweep_checkpoints(checkpoint, *, test: TestSet, lang: str, decode: DecodeCon
         if hypotheses is None:
             translator = Translator.from_states([model.take_weights() for model in models], device,
                                                 names=[model.name for model in models], decode=decode,
-                                                tgt_lang=tgt_lang)
+                                                tgt_lang=test.language)
             log.info("decoding %d lines with %s", len(test.sources), candidate.label)
             hypotheses = translator.translate(test.sources, progress=True, source=test.name)
             del translator
@@ -235,9 +241,7 @@ def sweep_checkpoints(checkpoint, *, test: TestSet, lang: str, decode: DecodeCon
                         **_updates(candidate, run_dirs, file_digests)))
     report = _report(rows, run_dirs, test.name, decode_count=decoded)
     print(report, end="", flush=True)
-    if out is None:  # an ensemble's table does not replace its first run's own
-        out = run_dirs[0] / "eval" / test.name
-        out = out / f"ensemble_{'+'.join(run_dir.name for run_dir in run_dirs)}" if len(run_dirs) > 1 else out
+    out = out or sweep_folder(run_dirs, test)
     atomic_write(out / "checkpoints.md", report)
     best = _best_window(rows)
     atomic_write(out / "checkpoints.json", json.dumps(
