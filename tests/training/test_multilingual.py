@@ -145,6 +145,25 @@ def test_evaluations_into_two_languages_of_one_test_set_write_apart(multilingual
     assert table.count(f"| run | {ref.stem} | ") == 2 and f"{ref.stem}.fr" not in table, table  # EN-DE, EN-FR
 
 
+def test_a_corpus_translation_into_one_language_is_not_resumed_into_another(multilingual_run, corpus, tmp_path,
+                                                                            capsys, monkeypatch):
+    """translate.py input= output= keeps its chunks for a resume; chunks into French left by a killed run are
+    refused, in one line naming tgt_lang, by the same command into German (joined, they would mix languages)."""
+    import translate
+    from helpers import user_error
+
+    output = tmp_path / "out.txt"
+    args = [f"checkpoint={multilingual_run}", f"input={corpus.prefixes['valid'].with_suffix('.en')}",
+            f"output={output}", "device=cpu", "quiet=true", "chunk_lines=4", "decode.beam=1", "decode.max_len_b=3"]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")  # leaves chunks behind, as a killed run would
+    assert translate.main([*args, "tgt_lang=fr"]) == 0 and not output.exists()
+    monkeypatch.setenv("RANK", "0")
+    error = user_error(translate, [*args, "tgt_lang=de"], capsys, monkeypatch)
+    assert "holds chunks of another translation (different: tgt_lang)" in error, error
+    assert not output.exists()
+
+
 def test_each_pair_is_validated_and_the_run_keeps_the_best_of_their_mean(multilingual_run):
     """valid/en-de/* and valid/en-fr/* in TensorBoard, each pair's sources led by its own tag; valid/* is their
     mean, which best.pt follows (train.best_metric)."""

@@ -13,9 +13,9 @@ rank or the number of ranks that translated it (sampling and noise are seeded pe
 resume with a different number of processes.
 
 `<output>.parts/request.json` records what the chunks are a translation of (the input file's size and SHA-256,
-the chunk size, the models' files and the search settings): the same bytes resume wherever they were moved or
-copied; anything else is refused with a one-line error, since joining chunks of two different requests would
-give a corpus that neither asked for.
+the chunk size, the models' files, the search settings and a multilingual model's target language): the same
+bytes resume wherever they were moved or copied; anything else is refused with a one-line error, since joining
+chunks of two different requests would give a corpus that neither asked for.
 
 Into a stream (stdout), chunks are translated and written in order as they are done; nothing to resume.
 """
