@@ -70,8 +70,8 @@ def run(cfg: DictConfig) -> int:
         decode, settings = decode_request(cfg, job.decode)
         translator = Translator.load(job.checkpoint, device, decode=decode, tgt_lang=job.tgt_lang, **settings)
     test = test or evaluation.read_test_set(job, translator)
-    if translator is not None and translator.source_prefix:  # a multilingual model: a folder per target language
-        test = dataclasses.replace(test, language=translator.tgt_lang)
+    if translator is not None:  # a multilingual model's evaluations: a folder per target language
+        test = dataclasses.replace(test, language=translator.chosen_language)
     if job.checkpoints == "all":  # the sweep loads its own models: this one only resolved the settings
         decode, lang = translator.decode, evaluation.target_language(job, translator)
         del translator

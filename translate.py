@@ -60,8 +60,8 @@ def run(cfg: DictConfig) -> int:
         request = {"checkpoints": [file_identity(ckpt.resolve(str(name))) for name in checkpoint_names(job)],
                    "decode": dataclasses.asdict(translator.decode), "alignment": job.alignment,
                    "alignment_layer": None if aligner is None else aligner.layer}
-        if translator.source_prefix:  # a multilingual model: chunks into French are not chunks into German
-            request["tgt_lang"] = translator.tgt_lang
+        if translator.chosen_language:  # a multilingual model: chunks into French are not chunks into German
+            request["tgt_lang"] = translator.chosen_language
         translate_file(translator, Path(job.input), Path(job.output), render, chunk_lines=job.chunk_lines,
                        request=request, shard=shard, progress=not job.quiet)
         return 0

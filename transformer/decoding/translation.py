@@ -195,6 +195,12 @@ class Translator:
     source_prefix: list[int] = field(default_factory=list)  # a multilingual model's: the target language's tag
     _prepared: _Prepared = field(default_factory=_Prepared, init=False, repr=False)
 
+    @property
+    def chosen_language(self) -> str | None:
+        """The target language a multilingual model was asked for (its tag leads every source), else None: part
+        of what a translation is, for whatever keeps translations apart (caches, resumable chunks, folders)."""
+        return self.tgt_lang if self.source_prefix else None
+
     @classmethod
     def load(cls, checkpoint, device: torch.device | str = "auto", *, decode: DecodeConfig | None = None,
              tgt_lang: str | None = None, **settings) -> Translator:

@@ -23,9 +23,10 @@ Only the numbered checkpoints still on disk are seen: training deletes all but t
 `train.keep_last=0`, keep all; a checkpoint of the base model is ~0.7 GB with its Adam moments).
 
 Decodes are cached in run_dir/eval/cache/ (of an ensemble, its first run's), keyed by the model's content (a
-SHA-256 of its weights, config and vocabulary), the decode settings, the device type and the source text: a
-second sweep decodes nothing, and identical models (k = 1 and the newest checkpoint, averaged.pt and the
-window it averages, best.pt and the numbered checkpoint it copies) are decoded once. Delete the folder to start afresh.
+SHA-256 of its weights, config and vocabulary), the decode settings, the device type, a multilingual model's
+target language and the source text: a second sweep decodes nothing, and identical models (k = 1 and the newest
+checkpoint, averaged.pt and the window it averages, best.pt and the numbered checkpoint it copies) are decoded
+once. Delete the folder to start afresh.
 
 Outputs (in `out`, default run_dir/eval/<test set>/, of an ensemble run_a/eval/<test set>/ensemble_<run_a>+<run_b>/):
 checkpoints.md (the table, also on stdout), checkpoints.json, and checkpoints.png (the score that picks the
