@@ -73,6 +73,8 @@ def test_a_multilingual_model_needs_its_target_language_and_puts_its_tag_first(m
         translator.translate(["a b c", "d e"])
         assert [row[0] for row in seen] == [tag, tag]
         assert sorted(row[1:] for row in seen) == sorted(translator.vocab.encode(["a b c", "d e"]))
+        seen.clear()  # an empty line is not searched with its tag alone: it gives an empty line, as for one pair
+        assert translator.translate(["", "d e", " "])[::2] == ["", ""] and [r[:1] for r in seen] == [[], [tag], []]
 
 
 def test_the_validation_sources_of_a_multilingual_run_lead_with_their_pairs_tag(multilingual_run):

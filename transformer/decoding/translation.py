@@ -314,7 +314,7 @@ class Translator:
                 log.warning("%s line %d has %d pieces: cropped to decode.max_input_len=%d", source,
                             first_line + index, len(row), decode.max_input_len)
                 row = row[: decode.max_input_len - len(self.source_prefix)]
-            ids[index] = self.source_prefix + row
+            ids[index] = self.source_prefix + row if row else []  # an empty line stays empty, tag or not
         with tqdm(total=len(ids), desc="translating", unit="line", file=sys.stderr, disable=not progress,
                   mininterval=1.0) as bar:
             hyps = translate_ids(model, ids, decode, device=self.device, progress=bar, deadline=deadline,
