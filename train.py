@@ -24,7 +24,7 @@ from data.lock import releasing_locks
 from transformer.cli import compose_config, hydra_app, setup_logging, to_job
 from transformer.config import TrainJob
 from transformer.kernels import keep_freed_memory
-from transformer.training.budget import process_age
+from transformer.training.budget import run_clock_start
 from transformer.training.distill import with_distilled_data
 from transformer.training.run import StopRequest, build_run, stop_reason, user_error
 from transformer.training.run_record import Window, log_window, write_run_record
@@ -96,8 +96,9 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest, started: float) -
 @releasing_locks  # the run_dir's lock (hold_run_dir) ends with the run, also for in-process callers
 def run_training(cfg: DictConfig, argv: list[str] | None = None, started: float | None = None) -> int:
     """`train` with the stop-signal handlers installed and its failures as one-line errors. The run's wall
-    clock (train.max_time) counts from `started` (time.monotonic()), by default this process's start."""
-    started = time.monotonic() - process_age() if started is None else started
+    clock (train.max_time) counts from `started` (time.monotonic()), by default this process's start (a later
+    job of a multirun: its own start)."""
+    started = run_clock_start() if started is None else started
     with StopRequest() as stop:
         try:
             return train(cfg, sys.argv[1:] if argv is None else argv, stop, started)

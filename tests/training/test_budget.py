@@ -12,6 +12,7 @@ import torch
 
 from helpers import VOCAB, FakeClock, run, run_on_fake_clock, tiny_model
 from transformer import checkpoint as ckpt
+from transformer.training import budget as budget_module
 from transformer.training.budget import Budget, Costs, another_update_fits, process_age
 from transformer.config import DecodeConfig
 from transformer.decoding.translation import DeadlinePassed, translate_ids
@@ -58,6 +59,14 @@ def test_the_budget_counts_earlier_processes_and_prices_the_end_of_the_run(monke
 
 def test_process_age_is_this_processs_age():
     assert 0.0 <= process_age() < time.monotonic()  # 0.0 where /proc/uptime is virtualised (lxcfs containers)
+
+
+def test_a_later_job_of_a_multirun_counts_its_budget_from_its_own_start(monkeypatch):
+    monkeypatch.setattr(budget_module, "_CLOCK_STARTED", False)
+    monkeypatch.setattr(budget_module, "process_age", lambda: 100.0)
+    monkeypatch.setattr(budget_module.time, "monotonic", lambda: 1000.0)
+    assert budget_module.run_clock_start() == 900.0  # the first run: start-up and imports are part of it
+    assert budget_module.run_clock_start() == 1000.0  # the next job in the same process: not the first's hour
 
 
 def test_the_wall_clock_is_saved_in_every_checkpoint_and_carried_over_a_resume(corpus, tmp_path):

@@ -41,6 +41,18 @@ def process_age() -> float:
         return 0.0
 
 
+_CLOCK_STARTED = False  # whether a run of this process has started its clock (`run_clock_start`)
+
+
+def run_clock_start() -> float:
+    """The time.monotonic() from which a run started on the command line counts its budget: the process's start
+    for its first run (imports and start-up are part of the run), now for a later one (Hydra's multirun runs
+    its jobs one after another in one process, and a job's budget is its own)."""
+    global _CLOCK_STARTED
+    first, _CLOCK_STARTED = not _CLOCK_STARTED, True
+    return time.monotonic() - (process_age() if first else 0.0)
+
+
 @dataclass(frozen=True)
 class Costs:
     """Seconds that each kind of work took in this process (rank 0's figures decide for every rank)."""
