@@ -149,6 +149,20 @@ def final_updates(output: str) -> dict[int, int]:
 # ---------------------------------------------------------------------------------------- the update plan
 
 
+def test_the_log_window_of_eight_ranks_reports_each_updates_tokens_and_time_once(monkeypatch):
+    """Each of 8 ranks adds its share (1/8) of every update's 2,000 target tokens; the report's all-reduce sums
+    the shares, never the updates, which every rank made: 2,000 tokens and 0.5 s an update, as one process."""
+    from transformer.training import run_record
+    monkeypatch.setattr(run_record.distributed, "all_reduce_sum", lambda sums: sums.mul_(8))  # 8 equal ranks
+    window = run_record.Window(torch.device("cpu"))
+    for _ in range(4):
+        window.end_update([(torch.tensor(250.0), torch.tensor(200.0))], 2000 / 8, seconds=0.5)
+    stats = window.report()
+    assert stats["tokens_per_update"] == 2000 and stats["seconds_per_update"] == 0.5
+    assert stats["tokens_per_s"] == 4000 and stats["loss"] == 1.0 and stats["nll"] == 0.8  # summed over 2,000 tokens
+    assert window.updates == 0 and window.seconds == 0.0 and not window.sums.any()  # emptied for the next window
+
+
 @pytest.mark.parametrize("world_size", range(1, 129))
 def test_update_plan_keeps_the_update_size_at_any_world_size(world_size):
     plan, warning = plan_update(tokens_per_update=25000, world_size=world_size, max_tokens=4096)
@@ -204,6 +218,8 @@ def assert_eight_ranks_equal_one_process(run_dir: Path, output: str, corpus: Cor
     assert set(final_updates(output).values()) == {2} and len(final_updates(output)) == 8, output[-4000:]
     eight, one = ckpt.load(ckpt.last_path(run_dir)), one_process_of_eight_passes(corpus)
     assert eight["data_state"] == one["data_state"] and eight["step"] == one["step"] == 2
+    logged = [int(n) for n in re.findall(r"(\d+) tgt tok/update", output)]  # rank 0's lines, updates 1 and 2
+    assert len(logged) == 2 and sum(logged) == eight["train_tokens"] == one["train_tokens"], (logged, output[-4000:])
     worst = max((eight["model"][name] - one["model"][name]).abs().max().item() for name in one["model"])
     # Float rounding of 8 partial gradients summed by the all-reduce against 8 passes accumulated in one process:
     # measured 1.13e-6 on an Intel Xeon (AVX-512) and under 1e-6 on an AMD EPYC (AVX2).

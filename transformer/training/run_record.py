@@ -130,35 +130,37 @@ def provenance(*, world_size: int, update_freq: int, max_tokens: int, argv: list
 
 @dataclass
 class Window:
-    """Training sums since the last log line: loss, NLL, target tokens (per rank), updates, and the seconds
-    spent training (validation and saving are not in the throughput)."""
+    """Training sums since the last log line: loss, NLL, target tokens (this rank's share), updates, and the
+    seconds spent training (validation and saving are not in the throughput)."""
 
     device: torch.device
-    sums: torch.Tensor = None  # [loss, nll, tokens, updates], float64, all-reduced at each report
+    sums: torch.Tensor = None  # [loss, nll, tokens], float64, all-reduced at each report
+    updates: int = 0  # every rank makes the same updates: counted, not summed over the ranks
     seconds: float = 0.0
     lr: float = 0.0  # of the latest update
     gnorm: torch.Tensor | float = 0.0  # its gradient norm (a tensor, read on the host when logged)
 
     def __post_init__(self) -> None:
-        self.sums = torch.zeros(4, dtype=torch.float64, device=self.device)
+        self.sums = torch.zeros(3, dtype=torch.float64, device=self.device)
 
     def end_update(self, losses: list[tuple[torch.Tensor, torch.Tensor]], tokens: float, seconds: float) -> None:
-        """Add an update: its summed (loss, nll) of each forward pass, its target tokens (per rank), its time."""
+        """Add an update: its summed (loss, nll) of each forward pass, this rank's share of its target tokens (the
+        update's divided by the world size), its time."""
         for loss, nll in losses:
             self.sums[:2] += torch.stack([loss.detach().double(), nll.detach().double()])
         self.sums[2] += tokens
-        self.sums[3] += 1
+        self.updates += 1
         self.seconds += seconds
 
     def report(self, **extra: float) -> dict[str, float]:
         """The window's per-token averages and throughput over all ranks (a collective); then empty it."""
         distributed.all_reduce_sum(self.sums)
-        loss, nll, tokens, updates = self.sums.tolist()
+        (loss, nll, tokens), updates = self.sums.tolist(), self.updates
         stats = {"loss": loss / tokens, "nll": nll / tokens, "ppl": math.exp(min(nll / tokens, 100)), **extra,
                  "tokens_per_s": tokens / self.seconds, "tokens_per_update": tokens / updates,
                  "seconds_per_update": self.seconds / updates}
         self.sums.zero_()
-        self.seconds = 0.0
+        self.updates, self.seconds = 0, 0.0
         return stats
 
 
