@@ -39,6 +39,7 @@ from transformer.evaluation.significance import paired_significance
 from transformer.evaluation.sweep import sweep_checkpoints, sweep_folder, sweep_run_dirs
 from transformer.decoding.translation import Translator
 from transformer.evaluation.measures import write_results
+from transformer.evaluation.scoring import bleu_metric
 
 log = logging.getLogger("evaluate")
 
@@ -74,6 +75,7 @@ def run(cfg: DictConfig) -> int:
         test = dataclasses.replace(test, language=translator.chosen_language)
     if job.checkpoints == "all":  # the sweep loads its own models: this one only resolved the settings
         decode, lang = translator.decode, evaluation.target_language(job, translator)
+        bleu_metric(lang)
         del translator
         out = Path(job.out) if job.out else sweep_folder(sweep_run_dirs(job.checkpoint), test)
         hold_out(out)
@@ -88,13 +90,14 @@ def score_one(job: EvaluateJob, test: TestSet, tokenized, translator: Translator
     where = evaluation.Destinations.of(job, test)
     if where.out is not None:
         hold_out(where.out)
+    lang = evaluation.target_language(job, translator)
+    bleu_metric(lang)  # sacreBLEU's tokenizer for it is installed: said before the decoding, not after
     if job.hyp is not None:
         hypotheses = evaluation.read_file(job.hyp, "hyp")
     elif test.sources is None:
         raise ConfigError("decoding needs the source: give src=<file> with ref=<file>, or testset=<name>")
     else:
         hypotheses = translator.translate(test.sources, progress=True, source=test.name)
-    lang = evaluation.target_language(job, translator)
     scores = evaluation.score(hypotheses, test, lang=lang, tokenized=tokenized)
     for score in scores:
         print(score.line, flush=True)

@@ -12,6 +12,7 @@ subprocess tests at the end prove the same for real processes.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import itertools
 import logging
@@ -543,6 +544,39 @@ def _(ws):
 @case("evaluate", "reference file missing", "ref=", "does not exist: give an existing file")
 def _(ws):
     return user_error(evaluate.main, [f"hyp={ws.text_file('h.de', b'a')}", f"ref={ws.fresh() / 'missing.de'}"])
+
+
+def without_mecab() -> None:
+    """The BLEU of Japanese needs sacreBLEU's MeCab tokenizer, which the project does not install."""
+    if importlib.util.find_spec("MeCab") is not None:
+        pytest.skip("MeCab is installed here: BLEU into Japanese works")
+
+
+@case("evaluate", "BLEU into Japanese without its tokenizer", "BLEU into ja tokenizes with sacreBLEU's ja-mecab tokenizer",
+      "pip install 'sacrebleu[ja]'")
+def _(ws):
+    without_mecab()
+    out, valid = ws.fresh(), ws.corpus.prefixes["valid"]
+    ref = ws.text_file("test.ja", valid.with_suffix(".de").read_bytes())
+    with pytest.MonkeyPatch.context() as patch:  # refused before the decoding, not after it
+        patch.setattr(evaluate.Translator, "translate", lambda *a, **k: pytest.fail("decoded a test set it can't score"))
+        return user_error(evaluate.main, [f"checkpoint={ws.run}", f"src={valid.with_suffix('.en')}", f"ref={ref}",
+                                          "lang=ja", f"out={out}"])
+
+
+@case("config", "validation BLEU into Japanese without its tokenizer", "BLEU into ja tokenizes with sacreBLEU's",
+      "pip install 'sacrebleu[ja]'")
+def _(ws):
+    without_mecab()
+    src, tgt = normal_pairs(ws)
+    prefix = ws.fresh() / "corpus"
+    prefix.with_suffix(".en").write_bytes(src)
+    prefix.with_suffix(".ja").write_bytes(tgt)
+    run_dir = ws.fresh() / "run"
+    message = user_error(train_main, [*data_args(ws, prefix, {"data.tgt_lang": "ja", "data.valid_prefix": prefix,
+                                                              "train.valid_bleu_lines": 4}), f"run_dir={run_dir}"])
+    assert not (run_dir / "checkpoints").exists()  # refused at the start, not at the first validation
+    return message
 
 
 # ------------------------------------------------------------------------------------------------- tests

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
-from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.metrics import CHRF
 
 from data.files import atomic_write
 from transformer.evaluation.alignment import cross_attention
+from transformer.evaluation.scoring import bleu_metric
 from transformer.model import Transformer
 from transformer.evaluation.tables import table_markdown
 
@@ -190,7 +191,7 @@ def length_buckets(lengths: Sequence[int], hypotheses: Sequence[str], references
             continue
         hyps, refs = [hypotheses[i] for i in rows], [[references[i] for i in rows]]
         buckets.append(Bucket(shortest=min(lengths[i] for i in rows), longest=max(lengths[i] for i in rows),
-                              sentences=len(rows), bleu=BLEU(trg_lang=lang).corpus_score(hyps, refs).score,
+                              sentences=len(rows), bleu=bleu_metric(lang).corpus_score(hyps, refs).score,
                               chrf=CHRF().corpus_score(hyps, refs).score))
     return buckets
 

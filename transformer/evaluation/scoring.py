@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "Score",
+    "bleu_metric",
     "sacrebleu_scores",
     "tok_bleu",
     "tokbleu_tokenize",
@@ -95,6 +96,18 @@ def _bleu_details(score) -> dict[str, Any]:
             "hyp_len": score.sys_len, "ref_len": score.ref_len}
 
 
+def bleu_metric(lang: str, **options: Any) -> BLEU:
+    """sacreBLEU's BLEU with its default tokenizer for the target language `lang`, or a one-line ConfigError
+    where that tokenizer needs a package this installation lacks (Japanese and Korean: MeCab)."""
+    from data.errors import ConfigError
+
+    try:
+        return BLEU(trg_lang=lang, **options)
+    except RuntimeError:  # sacreBLEU's ja-mecab and ko-mecab tokenizers, when their package is missing
+        raise ConfigError(f"BLEU into {lang} tokenizes with sacreBLEU's {lang}-mecab tokenizer, which is not "
+                          f"installed here: pip install 'sacrebleu[{lang}]'") from None
+
+
 def sacrebleu_scores(hyps: list[str], refs: list[str], lang: str) -> list[Score]:
     """sacreBLEU BLEU, chrF and the paper's tokBLEU of detokenized `hyps` against one reference each.
 
@@ -103,7 +116,7 @@ def sacrebleu_scores(hyps: list[str], refs: list[str], lang: str) -> list[Score]
     """
     _check_pair(hyps, refs)
     results = []
-    for metric in (BLEU(trg_lang=lang), CHRF()):
+    for metric in (bleu_metric(lang), CHRF()):
         score = metric.corpus_score(hyps, [refs])
         signature = metric.get_signature().format()
         details = _bleu_details(score) if isinstance(metric, BLEU) else {}

@@ -26,11 +26,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.metrics import CHRF
 from sacrebleu.significance import PairedTest
 
 from data.files import atomic_write
-from transformer.evaluation.scoring import sacrebleu_scores
+from transformer.evaluation.scoring import bleu_metric, sacrebleu_scores
 
 __all__ = ["TESTS", "SystemResult", "Significance", "paired_significance"]
 
@@ -124,7 +124,7 @@ def paired_significance(systems: list[tuple[str, list[str]]], references: list[s
     if repeated:
         raise ValueError(f"{repeated[0]} is given twice: give each system once")
     single = [sacrebleu_scores(hyps, references, lang=lang) for _, hyps in systems]  # also checks line counts
-    metrics = {"BLEU": BLEU(trg_lang=lang, references=[references]), "chrF2": CHRF(references=[references])}
+    metrics = {"BLEU": bleu_metric(lang, references=[references]), "chrF2": CHRF(references=[references])}
     # Under `ar`, n_ar_confidence=0 asks for sacreBLEU's default bootstrap (1000) for the interval too; under
     # `bs` the resamples give the interval, and -1 (the command line's value) keeps the signature's bs:N true.
     paired = PairedTest(systems, metrics, references=None, test_type=test, n_samples=samples,

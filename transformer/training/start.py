@@ -22,6 +22,7 @@ from transformer import checkpoint as ckpt
 from transformer import distributed
 from transformer.checkpoint import TrainState
 from transformer.config import ARCH_KEYS, DATA_KEYS, ConfigError, TrainJob, model_config_with_defaults
+from transformer.evaluation.scoring import bleu_metric
 from transformer.training import finetune
 from transformer.training.run_lock import hold_run_dir
 
@@ -34,6 +35,9 @@ def start_processes(job: TrainJob, cfg: DictConfig, argv: list[str]) -> tuple[Tr
     its run_dir resolved and held by this job alone: training/run_lock.py), this process's place among
     the ranks and its device; the run directory made (rank 0 clears a crashed run's temporary files)."""
     check_job_paths(dataclasses.replace(job, run_dir=str(resolve_run_dir(job, cfg))))  # data/paths.py
+    if job.train.valid_bleu_lines or job.train.test_at_end:  # sacreBLEU's tokenizer for each target language
+        for lang in {job.data.tgt_lang, *(c.tgt_lang or job.data.tgt_lang for c in job.data.extra_train)}:
+            bleu_metric(lang)  # a missing one is said now, not at the first validation hours later
     job = finetune.adopt_architecture(job, argv)
     run_dir = resolve_run_dir(job, cfg)
     job = dataclasses.replace(job, run_dir=str(run_dir))
