@@ -120,7 +120,8 @@ def score_one(job: EvaluateJob, test: TestSet, tokenized, translator: Translator
             hypotheses=hypotheses, references=test.references, score_lines=[score.line for score in scores],
             results=results, row=row, table=evaluation.table_kind(job, test.name), run_dir=where.run_dir,
             model=model.models[0] if isinstance(model, Ensemble) else model,  # an ensemble: its first model's attention
-            vocab=translator.vocab if translator else None))
+            vocab=translator.vocab if translator else None,
+            source_prefix=translator.source_prefix if translator else []))
         log.info("wrote %s and its figures in %.1f s (%.1f s of CPU)", written, time.monotonic() - started,
                  time.process_time() - cpu)
     return 0

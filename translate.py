@@ -106,7 +106,7 @@ def alignment_of(job: TranslateJob, translator: Translator) -> Aligner:
     if not 0 <= layer < layers:
         raise ConfigError(f"alignment_layer={layer} is not a decoder layer of this model (0..{layers - 1}): "
                           "give one of those, or null for the default (docs/EVALUATION.md)")
-    return Aligner(model=model, vocab=translator.vocab, layer=layer)
+    return Aligner(model=model, vocab=translator.vocab, layer=layer, source_prefix=translator.source_prefix)
 
 
 def interactive(translator: Translator, job: TranslateJob) -> int:

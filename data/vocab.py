@@ -108,22 +108,17 @@ class Vocab:
         """The text that `decode(encode(x))` gives back: x after SentencePiece's normalisation."""
         return [self._sp.normalize(t).replace(_SPACE, " ").strip(" ") for t in texts]
 
-    def encode_words(self, text: str) -> tuple[list[int], list[int]]:
+    def encode_words(self, text: str, *, target: bool = False) -> tuple[list[int], list[int]]:
         """(piece ids of `text`, the 0-based whitespace word of `text` each piece belongs to), for word
-        alignments. SentencePiece's byte offsets into the raw text place each piece (normalisation cannot
-        move it to another word): in the word it starts in, or else (a leading "▁" starts in the whitespace
-        before a word) the next word."""
+        alignments (one model for both sides: `target` changes nothing)."""
         proto = self._sp.encode(text, out_type="proto")
-        word_ends = [m.end() for m in re.finditer(rb"\S+", text.encode("utf-8"))]  # byte offset past each word
-        last = max(len(word_ends) - 1, 0)
-        return ([piece.id for piece in proto.pieces],
-                [min(bisect.bisect_right(word_ends, piece.begin), last) for piece in proto.pieces])
+        return [piece.id for piece in proto.pieces], _piece_words(text, [piece.begin for piece in proto.pieces])
 
     def byte_ids(self) -> list[int]:
         """The ids of the byte-fallback pieces (`<0x00>` ... `<0xFF>`): what spells a character outside the pieces."""
         return [i for i in range(self.size) if self._sp.is_byte(i)]
 
-    def pieces(self, ids: list[int]) -> list[str]:
+    def pieces(self, ids: list[int], *, target: bool = False) -> list[str]:
         return [self._sp.id_to_piece(int(i)) for i in ids]
 
     def piece_id(self, piece: str) -> int | None:
@@ -247,8 +242,21 @@ class MarianVocab:
     def normalize(self, texts: list[str]) -> list[str]:
         return [self._target.normalize(t).replace(_SPACE, " ").strip(" ") for t in texts]
 
-    def pieces(self, ids: list[int]) -> list[str]:
-        return [self.source_pieces[int(i)] for i in ids]
+    def pieces(self, ids: list[int], *, target: bool = False) -> list[str]:
+        table = self.target_pieces if target else self.source_pieces
+        return [table[int(i)] for i in ids]
+
+    def encode_words(self, text: str, *, target: bool = False) -> tuple[list[int], list[int]]:
+        """`Vocab.encode_words` with the source's (or the target's) model and table; a leading language code
+        (">>fr<<") is one piece of the first word, as `encode` reads it."""
+        sp, index = (self._target, self._target_index) if target else (self._source, self._source_index)
+        end = text.find("<<") if text.startswith(">>") else -1
+        code, rest = (text[: end + 2], text[end + 2 :]) if end != -1 else ("", text)
+        offset = len(code.encode("utf-8"))
+        proto = sp.encode(rest, out_type="proto")
+        ids = [index[code]] if code in index else [self.unk_id] if code else []
+        begins = [0] * len(ids) + [offset + piece.begin for piece in proto.pieces]
+        return ids + [index.get(piece.piece, self.unk_id) for piece in proto.pieces], _piece_words(text, begins)
 
     def byte_ids(self) -> list[int]:
         """Ids of byte-fallback pieces (`<0x00>` ...) in either table; OPUS-MT's models have none."""
@@ -257,6 +265,15 @@ class MarianVocab:
 
     def save(self, path: str | os.PathLike) -> None:
         atomic_write(path, self._proto, what="vocabulary")
+
+
+def _piece_words(text: str, begins: list[int]) -> list[int]:
+    """The 0-based whitespace word of `text` of each piece, from the byte offset where SentencePiece says it
+    begins (normalisation cannot move a piece to another word): the word it starts in, or else (a leading "▁"
+    starts in the whitespace before a word) the next word."""
+    word_ends = [m.end() for m in re.finditer(rb"\S+", text.encode("utf-8"))]  # byte offset past each word
+    last = max(len(word_ends) - 1, 0)
+    return [min(bisect.bisect_right(word_ends, begin), last) for begin in begins]
 
 
 def _read_model(path: str | os.PathLike) -> bytes:

@@ -180,6 +180,24 @@ def test_imported_token_ids_equal_marian_tokenizers(imported):
     assert [row + [vocab.eos_id] for row in vocab.encode_target(TARGET_TEXT[:3])] == target
 
 
+def test_imported_vocabulary_maps_pieces_to_words_and_aligns_a_translation(imported):
+    """alignment=true on an imported model: each side's pieces (its own model and table) mapped to their words,
+    a language code the first word's one piece, and the aligner's links inside both sentences."""
+    from transformer.evaluation.alignment import Aligner
+
+    _, _, _, _, model, vocab, _ = imported
+    for text, target in [*((p, False) for p in PROBES), *((t, True) for t in TARGET_TEXT[:3])]:
+        ids, words = vocab.encode_words(text, target=target)
+        assert ids == (vocab.encode_target if target else vocab.encode)([text])[0], text
+        assert words == sorted(words) and set(words) == set(range(len(text.split()))), (text, words)
+    assert vocab.encode_words(">>de<< the children play")[1][:2] == [0, 1]  # the code alone is word 0
+    assert vocab.pieces(vocab.encode_target(["ein haus"])[0], target=True) == \
+        [vocab.target_pieces[i] for i in vocab.encode_target(["ein haus"])[0]]
+    links = Aligner(model=model, vocab=vocab, layer=0).align(SOURCE_TEXT[1], TARGET_TEXT[1])
+    assert {j for _, j in links} == set(range(len(TARGET_TEXT[1].split())))  # every target word linked once
+    assert all(0 <= i < len(SOURCE_TEXT[1].split()) for i, _ in links)
+
+
 def test_imported_logits_equal_transformers_on_a_padded_batch(imported):
     _, _, theirs, tokenizer, model, vocab, _ = imported
     _, src = sources(tokenizer, vocab, PROBES)

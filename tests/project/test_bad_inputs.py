@@ -546,6 +546,12 @@ def _(ws):
     return user_error(evaluate.main, [f"hyp={ws.text_file('h.de', b'a')}", f"ref={ws.fresh() / 'missing.de'}"])
 
 
+@case("evaluate", "a test set's langpair that is not the model's", "langpair=en-fr is not the model's language pair (en-de)",
+      "leave langpair out, or give a checkpoint that translates en-fr")
+def _(ws):
+    return user_error(evaluate.main, [f"checkpoint={ws.run}", "testset=wmt14/full", "langpair=en-fr"])
+
+
 def without_mecab() -> None:
     """The BLEU of Japanese needs sacreBLEU's MeCab tokenizer, which the project does not install."""
     if importlib.util.find_spec("MeCab") is not None:

@@ -147,6 +147,36 @@ def test_evaluations_into_two_languages_of_one_test_set_write_apart(multilingual
     assert table.count(f"| run | {ref.stem} | ") == 2 and f"{ref.stem}.fr" not in table, table  # EN-DE, EN-FR
 
 
+def test_alignments_and_the_reports_attention_read_the_source_as_it_was_translated(multilingual_run, corpus,
+                                                                                  tmp_path, capsys, monkeypatch):
+    """translate.py alignment=true and evaluate.py's report run the model on the source it translated: the
+    target language's tag first (the alignment's columns then skip the tag: source words only)."""
+    import types
+
+    import translate
+    from transformer.evaluation import alignment, report
+
+    attended, real = [], alignment.cross_attention
+
+    def spy(model, src_ids, tgt_ids):
+        attended.append(list(src_ids))
+        return real(model, src_ids, tgt_ids)
+
+    translator = Translator.load(multilingual_run, "cpu", tgt_lang="fr", beam=1, max_len_b=3)
+    monkeypatch.setattr(alignment, "cross_attention", spy)
+    links = translate.alignment_of(types.SimpleNamespace(alignment_layer=None), translator).align("a b c", "x y z w")
+    assert attended[0][0] == translator.source_prefix[0] and attended[0][1:] == translator.vocab.encode(["a b c"])[0]
+    assert {j for _, j in links} == {0, 1, 2, 3} and all(0 <= i <= 2 for i, _ in links)
+    attended.clear()
+    monkeypatch.setattr(report, "cross_attention", spy)
+    run_dir = tmp_path / "run"
+    shutil.copytree(multilingual_run, run_dir, ignore=shutil.ignore_patterns("eval"))
+    src, ref = (corpus.prefixes["valid"].with_suffix(f".{lang}") for lang in ("en", "de"))
+    run_evaluate([f"checkpoint={run_dir}", f"src={src}", f"ref={ref}", "tgt_lang=fr", "decode.beam=1",
+                  "decode.max_len_b=3", "report=true"], capsys)
+    assert attended and all(ids[0] == translator.source_prefix[0] for ids in attended)
+
+
 def test_a_corpus_translation_into_one_language_is_not_resumed_into_another(multilingual_run, corpus, tmp_path,
                                                                             capsys, monkeypatch):
     """translate.py input= output= keeps its chunks for a resume; chunks into French left by a killed run are

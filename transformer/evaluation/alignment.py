@@ -17,7 +17,7 @@ trained one (no alignment supervision, no symmetrisation): see docs/EVALUATION.m
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import torch
@@ -104,17 +104,18 @@ class Aligner:
     """Word alignments of translations by one model of a `Translator`, from decoder layer `layer`."""
 
     model: Transformer
-    vocab: object  # data.vocab.Vocab
+    vocab: object  # data.vocab.Vocab or MarianVocab
     layer: int
+    source_prefix: list[int] = field(default_factory=list)  # a multilingual model's target tag, as it translated
 
     def align(self, source: str, translation: str) -> list[tuple[int, int]]:
         """The (source word, target word) links of one sentence pair; none when either side is empty."""
         src_ids, src_words = self.vocab.encode_words(" ".join(source.split()))
-        tgt_ids, tgt_words = self.vocab.encode_words(translation)
+        tgt_ids, tgt_words = self.vocab.encode_words(translation, target=True)
         if not src_ids or not tgt_ids:
             return []
-        attention = cross_attention(self.model, src_ids, tgt_ids)[self.layer].mean(dim=0)  # [T+1, S+1]
-        return word_alignment(attention, src_words, tgt_words)
+        attention = cross_attention(self.model, self.source_prefix + src_ids, tgt_ids)[self.layer].mean(dim=0)
+        return word_alignment(attention[:, len(self.source_prefix):], src_words, tgt_words)  # [T+1, S+1]: no tag
 
 
 def format_alignment(links: Sequence[tuple[int, int]]) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -248,7 +248,7 @@ def pair_attention_figure(model: Transformer, vocab, src_ids: Sequence[int], tgt
                           title: str) -> Figure:
     """`attention_figure` of one sentence pair given as piece ids (teacher-forced target)."""
     attention = cross_attention(model, src_ids, tgt_ids)
-    return attention_figure(attention, vocab.pieces(src_ids), vocab.pieces(tgt_ids), title=title)
+    return attention_figure(attention, vocab.pieces(src_ids), vocab.pieces(tgt_ids, target=True), title=title)
 
 
 def first_short_pairs(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]], count: int) -> list[int]:
@@ -294,7 +294,8 @@ class Evaluation:
     table: str  # "2" or "3"
     run_dir: Path | None
     model: Transformer | None  # the evaluated model (an ensemble's first), for the attention figures
-    vocab: object | None  # data.vocab.Vocab
+    vocab: object | None  # data.vocab.Vocab or MarianVocab
+    source_prefix: list[int] = field(default_factory=list)  # a multilingual model's target tag
 
 
 def write_report(evaluation: Evaluation) -> Path:
@@ -336,7 +337,9 @@ def write_report(evaluation: Evaluation) -> Path:
 
     lines += ["## Cross-attention on test sentences", ""]
     if e.model is not None and e.sources is not None:
-        src_ids, hyp_ids = e.vocab.encode(e.sources), e.vocab.encode(e.hypotheses)
+        # The sources as the model read them (a multilingual model's tag first), the translations in target ids.
+        src_ids = [e.source_prefix + ids if ids else ids for ids in e.vocab.encode(e.sources)]
+        hyp_ids = e.vocab.encode_target(e.hypotheses)
         chosen = first_short_pairs(src_ids, hyp_ids, ATTENTION_SENTENCES)
         if not chosen:
             empty = sum(not ids for ids in hyp_ids)

@@ -102,6 +102,10 @@ def read_test_set(job: EvaluateJob, translator=None) -> TestSet:
     if job.testset:
         check_testset_name(job)
         langpair = job.langpair
+        model_pair = f"{translator.src_lang}-{translator.tgt_lang}" if translator and translator.src_lang else None
+        if langpair is not None and model_pair is not None and langpair != model_pair:
+            raise ConfigError(f"langpair={langpair} is not the model's language pair ({model_pair}): leave langpair "
+                              f"out, or give a checkpoint that translates {langpair}")
         if langpair is None:
             if translator is None or not translator.src_lang:
                 raise ConfigError("testset= needs langpair=<src>-<tgt> (e.g. langpair=en-de) without a checkpoint")
