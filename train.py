@@ -26,7 +26,7 @@ from transformer.config import TrainJob
 from transformer.kernels import keep_freed_memory
 from transformer.training.budget import run_clock_start
 from transformer.training.distill import with_distilled_data
-from transformer.training.run import StopRequest, build_run, stop_reason, user_error
+from transformer.training.run import Run, StopRequest, build_run, stop_reason, user_error
 from transformer.training.run_record import Window, log_window, write_run_record
 from transformer.training.start import prepare_data, prepared_only, resume_or_initialise, start_processes
 from transformer.training.update import StepOutcome, train_step
@@ -58,27 +58,22 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest, started: float) -
     if dist.is_main:
         write_run_record(job, run.state, world_size=dist.world_size, argv=argv)
 
-    # 3. The loop: train; log; validate and save. A finished run started again trains no further update.
+    # 3. The loop: train; log; validate and save. A finished run started again trains no further update; a run
+    # stopped by a signal right after an update first does what that update's end would have (`after_update`).
     t, window = job.train, Window(device)
-    reason = stop_reason(run)
+    reason = after_update(run) if run.state.unfinished_update else stop_reason(run)
     while reason is None:
+        before = run.state.step
         outcome = train_step(run, window, stop)
         if outcome is StepOutcome.STOP:
             reason = "a stop signal"
+            run.state.unfinished_update = run.state.step != before  # not an fp16 overflow's redo
             break
-        step = run.state.step
         if outcome is StepOutcome.OVERFLOW:
             continue
-        if step % t.log_every_steps == 0:
-            log_window(window, step=step, train=t, spent=run.budget.spent(), writer=run.writer)
-        reason = stop_reason(run)
-        if step % t.valid_every_steps == 0 or reason is not None:
-            validate(run)
-            reason = reason or stop_reason(run)
-        if step % t.save_every_steps == 0 or reason is not None:
-            run.save_numbered()
-        elif t.save_every_minutes and run.clock.since_save >= 60 * t.save_every_minutes:
-            run.save_last()
+        if run.state.step % t.log_every_steps == 0:
+            log_window(window, step=run.state.step, train=t, spent=run.budget.spent(), writer=run.writer)
+        reason = after_update(run)
 
     # 4. Finish: the averaged checkpoint, the test translation, where everything is. The ranks leave the
     # process group first: rank 0's lone work would otherwise hold the others in a collective that times out.
@@ -91,6 +86,22 @@ def train(cfg: DictConfig, argv: list[str], stop: StopRequest, started: float) -
     if reason != "a stop signal" and dist.is_main:
         finish(run, argv, ended_by=reason)
     return 0
+
+
+def after_update(run: Run) -> str | None:
+    """The end of update `run.state.step`: validate and save where the schedule says, and where the run ends;
+    returns why it ends, or None to go on."""
+    t, step = run.job.train, run.state.step
+    run.state.unfinished_update = False
+    reason = stop_reason(run)
+    if step % t.valid_every_steps == 0 or reason is not None:
+        validate(run)
+        reason = reason or stop_reason(run)
+    if step % t.save_every_steps == 0 or reason is not None:
+        run.save_numbered()
+    elif t.save_every_minutes and run.clock.since_save >= 60 * t.save_every_minutes:
+        run.save_last()
+    return reason
 
 
 @releasing_locks  # the run_dir's lock (hold_run_dir) ends with the run, also for in-process callers

@@ -73,6 +73,8 @@ class TrainState:
     update_freq: int = 1  # ... its forward passes per update ...
     max_tokens: int = 0  # ... and each pass's token budget per rank (0: not recorded by older checkpoints)
     device: str = "cpu"  # cpu | cuda
+    # A stop signal came with update `step`: its validation and numbered checkpoint (if due) are the resume's first work.
+    unfinished_update: bool = False
 
     @classmethod
     def read(cls, checkpoint: dict) -> TrainState:

@@ -216,6 +216,30 @@ def test_sigint_delivered_twice_saves_once_and_resume_is_bit_identical(corpus, t
     assert_training_states_equal(resumed, whole)
 
 
+def test_a_signal_on_the_last_update_of_a_save_interval_leaves_the_same_checkpoints_and_validations(
+        corpus, tmp_path, monkeypatch, capsys):
+    """A stop right after update 4, which validates, saves step-4 and ends the run: the stopped process saves
+    last.pt only (a preemption's grace is short), and the resume does update 4's validation and numbered
+    checkpoint before it finishes. The checkpoints and the validations equal an uninterrupted run's."""
+    changes = {"train.max_steps": 4, "train.save_every_steps": 2, "train.valid_every_steps": 2,
+               "train.keep_last": 5, "train.average_last": 2}
+    signal_at_update(monkeypatch, 3, times=1)
+    stopped = run(corpus, tmp_path / "interrupted", changes)
+    monkeypatch.undo()
+    assert stopped["step"] == 4 and stopped["unfinished_update"]
+    assert not (ckpt.checkpoint_dir(tmp_path / "interrupted") / "step-00000004.pt").exists()
+    capsys.readouterr()
+    resumed = run(corpus, tmp_path / "interrupted", changes)
+    assert "validation at update 4" in capsys.readouterr().err
+    whole = run(corpus, tmp_path / "whole", changes)
+    assert_training_states_equal(resumed, whole)
+    assert (resumed["best"], resumed["stale"], resumed["unfinished_update"]) == (whole["best"], whole["stale"], False)
+    dirs = [ckpt.checkpoint_dir(tmp_path / name) for name in ("interrupted", "whole")]
+    assert [sorted(p.name for p in d.glob("step-*.pt")) for d in dirs] == [["step-00000002.pt", "step-00000004.pt"]] * 2
+    averaged = [ckpt.load(ckpt.averaged_path(d.parent))["model"] for d in dirs]
+    assert all(torch.equal(averaged[0][name], averaged[1][name]) for name in averaged[1])
+
+
 def test_second_signal_after_the_window_stops_at_once(corpus, tmp_path, monkeypatch):
     monkeypatch.setattr(train.StopRequest, "REPEAT_WINDOW_S", 0.0)
     signal_at_update(monkeypatch, 2, times=2)
