@@ -22,7 +22,7 @@ import dataclasses
 import os
 import tempfile
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Collection, Iterator
 
 from data.errors import ConfigError
 
@@ -77,10 +77,11 @@ def path_keys(job: Any, prefix: str = "", langs: tuple[str, str] | None = None) 
             yield PathKey(key, str(item), role, f.metadata.get("writes", ()), langs, f.metadata.get("hint", ""))
 
 
-def check_job_paths(job: Any) -> None:
+def check_job_paths(job: Any, *, unread: Collection[str] = ()) -> None:
     """Check every path of `job` by its role (the module docstring): inputs first, then outputs, which must
-    not be any input. Raises a one-line ConfigError."""
-    keys = list(path_keys(job))
+    not be any input; but the keys in `unread` (e.g. "init_from" of a resumed run). Raises a one-line
+    ConfigError."""
+    keys = [k for k in path_keys(job) if k.key not in unread]
     inputs: list[tuple[str, Path]] = []
     for k in keys:
         if k.role == READ_PREFIX and k.langs is not None:

@@ -201,6 +201,26 @@ def test_a_teacher_that_changed_since_its_translation_leaves_the_students_corpus
         run(corpus, student, {**changes, "distill.beam": 2, "train.max_steps": 3})
 
 
+def test_a_student_resumes_on_its_finished_corpus_after_its_teacher_is_gone(corpus, teacher, tmp_path, monkeypatch,
+                                                                          capfd):
+    """The teacher is read to translate the corpus, once: a student whose teacher was deleted or archived since
+    resumes on its finished corpus, translating nothing; a new student without the teacher gets one line."""
+    import shutil
+
+    gone = tmp_path / "teacher"
+    shutil.copytree(teacher, gone)
+    changes = {**KEEP_ALL, "distill.teacher": gone, "distill.beam": 1, "train.max_steps": 1}
+    student = tmp_path / "student"
+    run(corpus, student, changes)
+    shutil.rmtree(gone)
+    capfd.readouterr()
+    seen = translations_seen(monkeypatch)
+    assert run(corpus, student, {**changes, "train.max_steps": 2})["step"] == 2
+    assert seen == [] and "the teacher's files are gone since they translated" in capfd.readouterr().err
+    with pytest.raises(ConfigError, match="distill.teacher=.*teacher.*does not exist"):
+        run(corpus, tmp_path / "new", changes)
+
+
 def test_the_teachers_translation_is_not_counted_in_the_students_max_time(corpus, teacher, tmp_path, monkeypatch):
     """train.max_time budgets the student's training: the teacher's translation before it (the pipeline's first
     step) does not count. On a fake clock the translation takes a day; an hour's budget still trains every update."""

@@ -10,6 +10,7 @@ on it, `data.vocab=transfer`). The weights a run starts from are read when train
 from __future__ import annotations
 
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -248,6 +249,28 @@ def test_resumed_transfer_run_matches_uninterrupted_and_does_not_transfer_again(
     assert "is ignored: resuming" in err and "carried over" not in err
     assert_training_states_equal(ckpt.load(ckpt.last_path(resumed)), ckpt.load(ckpt.last_path(whole)))
     assert (resumed / "spm.model").read_bytes() == (whole / "spm.model").read_bytes()
+
+
+def test_a_finetuned_run_resumes_after_its_parent_is_gone(setup, tmp_path):
+    """init_from is read when the run starts: a resumed child needs neither its file (archived, or not on this
+    node) nor model.* keys, whose values it adopted from the parent then and keeps in its own checkpoint."""
+    parent = tmp_path / "parent"
+    shutil.copytree(setup.parent_dir, parent)
+
+    def child(run_dir: Path, steps: int) -> list[str]:
+        changes = {"init_from": parent, "data.vocab": "transfer", "train.max_steps": steps,
+                   "train.save_every_steps": 2, "train.average_last": 2}
+        return [o for o in setup.child(run_dir, changes, data="reversed") if o.split("=")[0].split(".")[0] != "model"]
+
+    assert train_main(child(tmp_path / "whole", 5)) == 0
+    assert train_main(child(tmp_path / "resumed", 3)) == 0
+    shutil.rmtree(parent)
+    assert train_main(child(tmp_path / "resumed", 5)) == 0
+    resumed, whole = (ckpt.load(ckpt.last_path(tmp_path / name)) for name in ("resumed", "whole"))
+    assert resumed["model_config"]["d_model"] == 32 and resumed["config"]["model"] == whole["config"]["model"]
+    assert_training_states_equal(resumed, whole)
+    with pytest.raises(ConfigError, match="init_from=.*parent.*does not exist"):  # a new child still needs it
+        train_main(child(tmp_path / "new", 5))
 
 
 def test_resume_with_other_freezing_is_one_line_error(setup, tmp_path):

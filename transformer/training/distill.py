@@ -62,9 +62,13 @@ def with_distilled_data(job: TrainJob, run_dir: Path, *, rank: int, world_size: 
     folder = run_dir / FOLDER
     target, copied = folder / f"train.{data.tgt_lang}", folder / f"train.{data.src_lang}"
     record = folder / "request.json"
-    request = {"teacher": [file_identity(ckpt.resolve(name)) for name in teachers(job)], "beam": d.beam,
+    request = {"teacher": [_identity(name) for name in teachers(job)], "beam": d.beam,
                "source": file_identity(source), "chunk_lines": d.chunk_lines}
     if not _finished(record, request):
+        if None in request["teacher"]:
+            gone = teachers(job)[request["teacher"].index(None)]
+            raise ConfigError(f"distill.teacher={gone} does not exist and {folder} holds no finished translation of "
+                              "this corpus: give an existing teacher checkpoint or run directory")
         pending = folder / "request.pending.json"  # the request being translated, until `record` says it is done
         if not _joined(target, pending, request):  # every rank sees the same files, so takes the same branch
             if rank == 0:
@@ -149,13 +153,21 @@ def _finished(record: Path, request: dict) -> bool:
     after = json.loads(json.dumps(request))
     changed = sorted(k for k in {*after, *before} - {"chunk_lines"} if before.get(k) != after.get(k))
     if changed == ["teacher"]:
-        log.warning("distill: the teacher's files changed since they translated the corpus in %s; the student "
-                    "goes on with that translation (delete %s to have the teacher translate again)", record.parent,
-                    record.parent)
+        log.warning("distill: the teacher's files %s since they translated the corpus in %s; the student goes on "
+                    "with that translation (delete %s to have the teacher translate again)",
+                    "are gone" if None in after["teacher"] else "changed", record.parent, record.parent)
     elif changed:
         raise ConfigError(f"{record.parent} holds the translation of another request (different: {', '.join(changed)}"
                           f"): a run keeps its distilled corpus; use a new run_dir, or delete {record.parent}")
     return True
+
+
+def _identity(teacher: str) -> dict | None:
+    """A teacher file's `file_identity`, or None where it is gone (a student resumes on its finished corpus)."""
+    try:
+        return file_identity(ckpt.resolve(teacher))
+    except (ckpt.CheckpointError, OSError):
+        return None
 
 
 def _copy(source: Path, out) -> None:

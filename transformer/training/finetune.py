@@ -28,6 +28,7 @@ import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -89,14 +90,15 @@ def explicit_model_keys(overrides: Sequence[str]) -> set[str]:
     return keys
 
 
-def adopt_architecture(job: TrainJob, overrides: Sequence[str]) -> TrainJob:
+def adopt_architecture(job: TrainJob, overrides: Sequence[str], *, resuming: Path | None = None) -> TrainJob:
     """With `init_from`, the job with the checkpoint's architecture (and dropout) for every model.* key the
     command line does not set, so that fine-tuning a big model needs no `model=big`; the keys it does set
-    stay, and `resume_or_initialise` refuses them where they contradict the checkpoint."""
+    stay, and `resume_or_initialise` refuses them where they contradict the checkpoint. A run `resuming` from
+    its own checkpoint takes them from there: what it adopted when it started, with init_from gone or not."""
     if not job.init_from:
         return job
     try:
-        saved = ckpt.load(ckpt.resolve(job.init_from), mmap=True).get("model_config")
+        saved = ckpt.load(resuming or ckpt.resolve(job.init_from), mmap=True).get("model_config")
     except CheckpointError:
         return job  # resume_or_initialise reports it, unless a resumed run ignores init_from
     if not isinstance(saved, dict):

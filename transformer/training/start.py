@@ -34,12 +34,14 @@ def start_processes(job: TrainJob, cfg: DictConfig, argv: list[str]) -> tuple[Tr
     """Every path the job names checked (data/paths.py); the job as it runs (init_from's architecture adopted,
     its run_dir resolved and held by this job alone: training/run_lock.py), this process's place among
     the ranks and its device; the run directory made (rank 0 clears a crashed run's temporary files)."""
-    check_job_paths(dataclasses.replace(job, run_dir=str(resolve_run_dir(job, cfg))))  # data/paths.py
+    run_dir = resolve_run_dir(job, cfg)
+    resuming = ckpt.last_path(run_dir).exists()  # then init_from and the teacher are not read: they may be gone
+    check_job_paths(dataclasses.replace(job, run_dir=str(run_dir)),  # data/paths.py
+                    unread=("init_from", "distill.teacher") if resuming else ())
     if job.train.valid_bleu_lines or job.train.test_at_end:  # sacreBLEU's tokenizer for each target language
         for lang in {job.data.tgt_lang, *(c.tgt_lang or job.data.tgt_lang for c in job.data.extra_train)}:
             bleu_metric(lang)  # a missing one is said now, not at the first validation hours later
-    job = finetune.adopt_architecture(job, argv)
-    run_dir = resolve_run_dir(job, cfg)
+    job = finetune.adopt_architecture(job, argv, resuming=ckpt.latest_resumable(run_dir) if resuming else None)
     job = dataclasses.replace(job, run_dir=str(run_dir))
     device = distributed.pick_device(job.device, training=True)  # cuda:LOCAL_RANK under torchrun
     dist = distributed.init_from_env(device.type)
