@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from data.errors import one_line
+from data.errors import WriteError, one_line
 from data.files import atomic_write, crash_point, remove_quietly
 from transformer.model import Transformer, TransformerConfig
 
@@ -487,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
             raise CheckpointError("give input checkpoints, or --last N --run-dir DIR")
         averaged = average(paths)
         save(averaged, args.out)
-    except CheckpointError as e:
+    except (CheckpointError, WriteError) as e:  # WriteError: a full disk, an unwritable folder
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {args.out}: the average of steps {', '.join(map(str, averaged['averaged_steps']))}")

@@ -316,3 +316,9 @@ def test_average_command_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: checkpoint not found") and err.count("\n") == 1
     assert checkpoint.main(["average", str(out)]) == 2
+    blocker = tmp_path / "a-file"  # an output folder that cannot be made: one line, not a traceback
+    blocker.write_text("x")
+    capsys.readouterr()
+    assert checkpoint.main(["average", str(blocker / "avg.pt"), *inputs]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
