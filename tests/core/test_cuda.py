@@ -38,6 +38,7 @@ def test_training_on_cuda_follows_the_cpu_run(corpus, tmp_path, precision):
     gpu = run(corpus, tmp_path / "gpu", {**changes, "device": "cuda", "train.precision": precision})
 
     assert gpu["step"] == cpu["step"] == 6 and gpu["device"] == "cuda"
+    assert torch.backends.cuda.matmul.allow_tf32 == (precision != "fp32")  # fp32: float32 matmuls, no TF32
     assert gpu["data_state"] == cpu["data_state"]
     cpu_losses, gpu_losses = losses(tmp_path / "cpu"), losses(tmp_path / "gpu")
     assert sorted(gpu_losses) == sorted(cpu_losses) == list(range(1, 7))

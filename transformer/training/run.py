@@ -179,9 +179,17 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return "fp32"
 
 
+def set_tf32(precision: str, device: torch.device) -> None:
+    """On a GPU, train.precision=fp32 is float32 matmuls, as the paper's: the TF32 matmuls every entry point
+    turns on (for what runs outside autocast in the mixed modes, and for decoding) are off for this training."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision != "fp32"
+
+
 def mixed_precision(precision: str, device: torch.device):
     """(autocast context, GradScaler) for train.precision = fp32 | bf16 | fp16 (the scaler is on for fp16 only)."""
     warn_if_emulated(precision, device.type)
+    set_tf32(precision, device)
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
                 if precision != "fp32" else contextlib.nullcontext())
     return autocast, torch.amp.GradScaler(device.type, enabled=precision == "fp16")
