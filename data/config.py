@@ -107,6 +107,16 @@ class DataConfig:
                         f"data.extra_train[{i}] translates into {lang}, whose tag is {tags.get(lang)!r} with "
                         "data.train_tag set (one tag per target language): give it tag: "
                         f"{tags.get(lang) or '<2' + lang + '>'}")
+                other = next((other for other, tag in tags.items() if tag == corpus.tag and other != lang), None)
+                require(other is None, f"data.extra_train[{i}] translates into {lang} with tag {corpus.tag}, the tag "
+                                       f"of {other}: give each target language its own tag, e.g. <2{lang}>")
+        else:  # one model into several target languages cannot be told which one to write without their tags
+            for i, corpus in enumerate(extra):
+                require(corpus.tgt_lang in (None, self.tgt_lang),
+                        f"data.extra_train[{i}] translates into {corpus.tgt_lang}, the main corpus into "
+                        f"{self.tgt_lang}: a model of several target languages needs their tags: set "
+                        f"data.train_tag=<2{self.tgt_lang}> and give that corpus tag: <2{corpus.tgt_lang}> "
+                        "(docs/MULTILINGUAL.md)")
         require(self.temperature is None or self.temperature > 0,
                 f"data.temperature={self.temperature} must be a positive number (1: each corpus once) or null")
         require(self.temperature is None or (self.train_weight == 1 and all(c.weight == 1 for c in extra)),
@@ -114,6 +124,11 @@ class DataConfig:
                 "at 1, or set data.temperature=null")
         require(not (self.dataset and self.train_prefix),
                 "both data.dataset and data.train_prefix are set: set one of them to null")
+        for split in ("valid", "test"):  # a hub dataset's splits are its own: a prefix beside it would be unread
+            require(not (self.dataset and getattr(self, f"{split}_prefix")),
+                    f"data.dataset={self.dataset} reads its {split} split from the hub (data.{split}_split), and "
+                    f"data.{split}_prefix would be ignored: set data.{split}_prefix=null, or train from files "
+                    "(data.dataset=null data.train_prefix=<prefix>)")
         require(bool(self.dataset or self.train_prefix),
                 "neither data.dataset nor data.train_prefix is set: set one (the other stays null)")
         require(not self.revision or bool(self.dataset),

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 # `datasets` (with pandas and pyarrow: ~1.2 s of CPU) is imported by the functions that read or write a
 # corpus, not here: train.py imports this module, and its --help, --cfg job and user errors need none of it.
 
-HUB_UNREACHABLE = "the hub cannot be reached; use data.dataset=<local dir> or experiment=quickstart"
+HUB_UNREACHABLE = ("the hub cannot be reached; use data.dataset=<local dir>, experiment=quickstart, or (a dataset "
+                   "in the datasets cache already) HF_DATASETS_OFFLINE=1")
 
 # Fewer rows than this per worker are processed in the main process: starting workers would cost more.
 _MIN_ROWS_PER_WORKER = 20_000

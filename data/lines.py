@@ -2,8 +2,8 @@
 or as they arrive.
 
 Every reader here (and data/corpus.py's for training) agrees on what a line is: it ends at "\\n", a trailing
-"\\r" is dropped (CRLF), and a last line without "\\n" is still a line; a file whose first line end is a
-bare "\\r" (classic Mac OS) has "\\r" line ends (`line_end`). A UTF-8 byte-order mark before the first line
+"\\r" is dropped (CRLF), and a last line without "\\n" is still a line; a file without "\\n" whose lines end
+at a bare "\\r" (classic Mac OS) has "\\r" line ends (`line_end`). A UTF-8 byte-order mark before the first line
 is dropped (Windows editors write one; it is no part of the text and would make a sentence that starts
 with it differ from the same sentence without it).
 
@@ -63,11 +63,10 @@ def count_lines(path: Path | str) -> int:
 
 
 def line_end(head: bytes) -> bytes:
-    """b"\\r" when the first line end in `head` (a file's first bytes) is a bare carriage return, else b"\\n"."""
-    cr, lf = head.find(b"\r"), head.find(b"\n")
-    if cr >= 0 and (lf < 0 or cr < lf) and head[cr + 1:cr + 2] != b"\n" and cr + 1 < len(head):
-        return b"\r"
-    return b"\n"
+    """b"\\r" for a file of bare carriage returns (classic Mac OS: `head`, its first bytes, has a "\\r" before its
+    last byte and no "\\n"), else b"\\n": a stray "\\r" inside a line of a "\\n" file (or "\\r\\r\\n", a CRLF file
+    converted twice) does not make the whole file split on "\\r"."""
+    return b"\r" if b"\n" not in head and b"\r" in head[:-1] else b"\n"
 
 
 def raw_lines(stream: BinaryIO) -> Iterator[bytes]:

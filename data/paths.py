@@ -113,6 +113,9 @@ def check_input(path: str | os.PathLike, key: str, *, directory: bool | None = F
         raise ConfigError(f"{key}={path} is a directory: give a file")
     if directory is True and not path.is_dir():
         raise ConfigError(f"{key}={path} is a file: give a directory")
+    if not os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)):
+        raise ConfigError(f"{key}={path} cannot be read by this user (permission denied): fix its permissions, or "
+                          "give a readable copy")
     return path
 
 

@@ -246,7 +246,7 @@ class DecodeConfig:
         one_of("decode.lenpen_style", self.lenpen_style, ("gnmt", "power"))
         for key in ("beam", "nbest", "max_input_len", "max_tokens"):
             require(getattr(self, key) > 0, f"decode.{key}={getattr(self, key)} must be a positive integer")
-        for key in ("lenpen", "max_len_a", "max_len_b", "min_len", "sampling_topk"):
+        for key in ("lenpen", "max_len_a", "max_len_b", "min_len", "sampling_topk", "seed"):
             require(getattr(self, key) >= 0, f"decode.{key}={getattr(self, key)!r} must be >= 0")
         require(self.sampling or self.nbest <= self.beam,
                 f"decode.nbest={self.nbest} exceeds decode.beam={self.beam}: raise the beam")
@@ -301,6 +301,8 @@ class TrainJob:
     distill: DistillConfig = field(default_factory=DistillConfig)
 
     def __post_init__(self) -> None:
+        require(self.seed >= 0, f"seed={self.seed} must be an integer >= 0 (numpy's random generators take no "
+                                "negative seed)")
         require(self.data.vocab == "keep" or bool(self.init_from),
                 f"data.vocab={self.data.vocab} needs init_from=<checkpoint or run_dir>: the model whose embeddings "
                 "are carried over")

@@ -223,6 +223,13 @@ config_case("vocabulary too small: data.vocab_size=10", {"data.vocab_size": 10, 
             "data.vocab_size must be an integer >= 300", "or null, got 10")
 config_case("two corpus sources", {"data.dataset": "wmt/wmt14"}, "both data.dataset and data.train_prefix are set", "set one of them to null")
 config_case("no corpus source", {"data.train_prefix": "null"}, "neither data.dataset nor data.train_prefix is set", "set one (the other stays null)")
+config_case("a hub dataset with a validation prefix", {"data.dataset": "wmt/wmt14", "data.subset": "de-en", "data.train_prefix": "null"},
+            "reads its valid split from the hub (data.valid_split), and data.valid_prefix would be ignored", "set data.valid_prefix=null")
+config_case("two target languages with one tag", {"data.train_tag": '"<2de>"', "data.extra_train": '[{prefix: fr, tgt_lang: fr, tag: "<2de>"}]'},
+            "data.extra_train[0] translates into fr with tag <2de>, the tag of de", "give each target language its own tag")
+config_case("a second target language without tags", {"data.extra_train": "[{prefix: fr, tgt_lang: fr}]"},
+            "data.extra_train[0] translates into fr, the main corpus into de", "set data.train_tag=<2de> and give that corpus tag: <2fr>")
+config_case("negative seed", {"seed": -1}, "seed=-1 must be an integer >= 0", "take no negative seed")
 
 
 @case("config", "run_dir under a regular file", "cannot create", "choose another run_dir")

@@ -280,6 +280,32 @@ def test_case8_bare_cr_line_ends_are_lines(tmp_path):
     assert count_lines(src) == count_lines(tgt) == 3
 
 
+def test_case8_a_stray_carriage_return_in_a_newline_file_is_part_of_its_line(tmp_path):
+    """A bare "\\r" inside the first line of a "\\n" file (or "\\r\\r\\n" from a CRLF file converted twice) leaves
+    the file's lines where its "\\n" are: counted, read for training and for translation alike."""
+    from data.corpus import _read_parallel, count_lines
+    from data.lines import read_text_lines
+
+    src = text(tmp_path, "c.en", b"a\rb\nc d\ne f\n")
+    tgt = text(tmp_path, "c.de", b"A B\r\r\nC D\r\r\nE F\r\r\n")
+    assert count_lines(src) == count_lines(tgt) == 3
+    assert [row["src"][-1] for row in _read_parallel(str(src), str(tgt))] == ["b", "d", "f"]
+    assert [line.rstrip("\r") for line in read_text_lines(tgt, "tgt")] == ["A B", "C D", "E F"]
+
+
+def test_case8_an_unreadable_input_is_one_line_before_anything_reads_it(tmp_path, monkeypatch):
+    """A corpus file of another user (mode 600): one line naming the key and the fix, not a PermissionError
+    traceback from the first reader. (os.access is faked: this suite may run as root, which reads anything.)"""
+    from data import paths
+
+    text(tmp_path, "train.en", b"a\n")
+    monkeypatch.setattr(paths.os, "access", lambda path, mode: not str(path).endswith("train.en"))
+    with pytest.raises(ConfigError, match=r"data.train_prefix=.*train.en cannot be read by this user \(permission "
+                                          r"denied\): fix its permissions"):
+        paths.check_input(tmp_path / "train.en", "data.train_prefix")
+    assert paths.check_input(tmp_path, "out", directory=True) == tmp_path  # a readable one passes
+
+
 def test_case8_a_data_path_that_is_a_directory_says_so(tmp_path, capsys, monkeypatch):
     (tmp_path / "train.en").mkdir()
     text(tmp_path, "train.de", b"a\n")
