@@ -114,6 +114,10 @@ def load_training(checkpoint: dict, path, *, model: torch.nn.Module, optimizer, 
     load_model_state(model, checkpoint["model"], path, fix="use another run_dir, or delete that file")
     optimizer.load_state_dict(checkpoint["optimizer"])
     scheduler.load_state_dict(checkpoint["scheduler"])
+    # The next update's lr by this run's schedule, so that a train.lr_scale or warmup_steps changed on resume
+    # applies from it (the optimizer holds the old schedule's; LambdaLR saves no functions): unchanged, the same.
+    for group, base, rate in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * rate(scheduler.last_epoch)
     if checkpoint["scaler"] or not scaler.is_enabled():
         scaler.load_state_dict(checkpoint["scaler"])
     else:  # a bf16/fp32 run resumed with train.precision=fp16: its loss scale starts afresh

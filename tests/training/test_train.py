@@ -96,6 +96,17 @@ def test_logged_learning_rate_follows_noam_formula(corpus, tmp_path):
         noam(steps + 1, d_model=D_MODEL, warmup=warmup, scale=scale), rel=1e-12)
 
 
+def test_a_schedule_changed_on_resume_sets_the_lr_of_the_first_resumed_update(corpus, tmp_path):
+    """train.lr_scale and warmup_steps may change when a run resumes: update 4 already takes the new schedule's
+    lr (the optimizer held the old one's lr(4), and LambdaLR saves no functions)."""
+    run(corpus, tmp_path, {"train.warmup_steps": 4, "train.lr_scale": 1.0, "train.max_steps": 3})
+    last = run(corpus, tmp_path, {"train.warmup_steps": 2, "train.lr_scale": 3.0, "train.max_steps": 5})
+    logged = tensorboard_scalars(tmp_path, "train/lr")
+    for n in (4, 5):
+        assert logged[n] == pytest.approx(noam(n, d_model=D_MODEL, warmup=2, scale=3.0), rel=1e-6), f"update {n}"
+    assert last["optimizer"]["param_groups"][0]["lr"] == pytest.approx(noam(6, d_model=D_MODEL, warmup=2, scale=3.0))
+
+
 # ------------------------------------------------------------------------------------ update size, DDP
 
 

@@ -116,7 +116,7 @@ def train_step(run: Run, window: Window, stop: StopRequest) -> StepOutcome:
             raise ConfigError(f"{state.nonfinite} updates in a row had non-finite gradients (last: update {step}); "
                               "a diagnostic checkpoint is in run_dir/checkpoints: lower the learning rate "
                               "(train.lr_scale), use train.precision=fp32 or set train.clip_norm")
-    window.lr = run.scheduler.get_last_lr()[0]  # this update's lr; after step() it is the next update's
+    window.lr = run.optimizer.param_groups[0]["lr"]  # this update's lr; after step() it is the next update's
     run.scheduler.step()
     seconds = time.monotonic() - started
     state.train_seconds += seconds
