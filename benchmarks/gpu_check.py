@@ -200,7 +200,7 @@ class Updates:
         seconds = time.perf_counter() - start
         if outcome is not StepOutcome.UPDATE:
             raise RuntimeError(f"train_step returned {outcome}")
-        loss, _, tokens, _ = self.window.sums.tolist()
+        loss, _, tokens = self.window.sums.tolist()
         record = {"seconds": seconds, "passes": len(self.counted), "loss": loss / tokens,
                   "src_tokens": sum(c[1] for c in self.counted), "tgt_tokens": sum(c[2] for c in self.counted),
                   "flops": sum(step_flops(self.run.model.config, b, src / b, tgt / b) for b, src, tgt in self.counted)}
@@ -209,17 +209,17 @@ class Updates:
 
 
 @contextlib.contextmanager
-def full_fp32_matmuls(*, on: bool):
-    """TF32 off for CUDA matmuls and convolutions inside (when `on`), as they were after."""
+def tf32_kept():
+    """The TF32 flags as they were before, after: `build_run` sets them for its precision (train.precision=fp32:
+    off), and the decoding that follows runs as translate.py does, with the device rule's TF32."""
     flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    if on:
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
 
 
+@tf32_kept()
 def check_training(device: torch.device, smoke: bool, workdir: Path) -> dict:
     s = sizes(smoke)
     data = synthetic_corpus(vocab=s["vocab"], pairs=s["pairs"], mean_length=s["mean_length"])
@@ -264,9 +264,8 @@ def check_training(device: torch.device, smoke: bool, workdir: Path) -> dict:
         run = make_run(s, data, device, workdir / f"loss-{precision}", max_tokens=list(s["setups"].values())[-1],
                        precision=precision, compile=False, smoke=smoke)
         updates = Updates(run, device)
-        with full_fp32_matmuls(on=precision == "fp32"):  # the reference without the device rule's TF32
-            for _ in range(s["loss_updates"]):
-                last = updates.one()
+        for _ in range(s["loss_updates"]):  # fp32: the reference, float32 matmuls (build_run turned TF32 off)
+            last = updates.one()
         loss[precision] = last["loss"]
         del run, updates
     relative = abs(loss["bf16"] - loss["fp32"]) / abs(loss["fp32"])
