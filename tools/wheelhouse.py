@@ -181,8 +181,11 @@ def build(args: argparse.Namespace) -> int:
         return 2
 
     dest = Path(args.dest).resolve()
+    if dest.exists() and any(dest.iterdir()) and not (dest / "MANIFEST.txt").is_file():
+        raise WheelhouseError(f"--dest {dest} is a folder that is not a wheelhouse (no MANIFEST.txt), and it would be "
+                              "replaced: give a new folder, or an earlier wheelhouse")
     if dest.exists():
-        shutil.rmtree(dest)
+        shutil.rmtree(dest)  # an earlier wheelhouse, or an empty folder
     dest.mkdir(parents=True)
     environment = {**default_environment(), "python_version": args.python,
                    "python_full_version": f"{args.python}.0", "implementation_name": "cpython",
@@ -257,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--glibc", default="2.28",
                         help="newest manylinux tag taken (default 2.28: the node runs torch 2.11's manylinux_2_28 wheel)")
     parser.add_argument("--platform", action="append", help="pip platform tags instead of --glibc's manylinux list")
-    parser.add_argument("--node", default=str(NODE.relative_to(ROOT)),
+    parser.add_argument("--node", default=str(NODE),
                         help="the target's packages, one requirement a line (default: the GPU node's); 'none': a bare Python")
     parser.add_argument("--unpin", action="append", default=[], metavar="NAME",
                         help="treat the node's NAME as of an unrecorded version (a rehearsal on another Python)")
@@ -269,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return build(args)
+    except OSError as error:  # e.g. a --node file that does not exist
+        print(f"error: {error.filename or ''}: {error.strerror or error}", file=sys.stderr)
+        return 2
     except WheelhouseError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -57,6 +57,10 @@ def _exportable(args: argparse.Namespace):
     if args.out_dir is None and not args.ctranslate2:
         raise InteropError("export writes nothing: give OUT_DIR (a MarianMTModel directory), --ctranslate2 DIR, "
                            "or both")
+    both = args.out_dir is not None and args.ctranslate2
+    if both and Path(args.out_dir).resolve() == Path(args.ctranslate2).resolve():
+        raise InteropError(f"OUT_DIR and --ctranslate2 are both {args.out_dir}: each export writes its own "
+                           "config.json, so the second would break the first; give two folders")
     model, vocab, state = load_model(checkpoint)
     data = (state.get("config") or {}).get("data") or {}
     if model.config.norm_first and args.out_dir is not None:

@@ -413,7 +413,9 @@ def test_cli_refuses_what_it_cannot_represent_in_one_line(tmp_path, spm_models, 
              (("import", str(bart), str(tmp_path / "b")), "model_type='bart'"),
              (("export", str(pre_norm), str(tmp_path / "c"), "--ctranslate2", str(tmp_path / "d")),
               "MarianMTModel is post-norm only: drop OUT_DIR"),
-             (("export", str(pre_norm)), "export writes nothing")]
+             (("export", str(pre_norm)), "export writes nothing"),
+             (("export", str(pre_norm), str(tmp_path / "e"), "--ctranslate2", str(tmp_path / "e")),
+              "each export writes its own config.json")]
     for number, (args, named) in enumerate(cases):
         if number == 0:
             result = cli(*args)

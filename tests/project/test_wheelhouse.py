@@ -28,6 +28,18 @@ def test_a_node_version_below_a_pin_is_refused_before_any_download(tmp_path, cap
     assert not dest.exists()
 
 
+def test_a_dest_that_is_not_a_wheelhouse_is_left_alone_and_a_missing_node_file_is_one_line(tmp_path, capsys):
+    """--dest replaces an earlier wheelhouse (its MANIFEST.txt says so), never another folder (the checkout,
+    ~/wheels): refused before any download, its files kept; a --node file that is missing is one line, exit 2."""
+    (tmp_path / "notes.txt").write_text("mine")
+    assert wheelhouse.main(["--dest", str(tmp_path)]) == 2
+    assert "is a folder that is not a wheelhouse (no MANIFEST.txt)" in capsys.readouterr().err
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert wheelhouse.main(["--node", str(tmp_path / "missing.txt"), "--dest", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err
+    assert "missing.txt" in err and err.count("\n") == 1 and "Traceback" not in err
+
+
 def test_an_older_torch_on_the_node_is_refused(tmp_path):
     node_file = tmp_path / "node.txt"
     node_file.write_text("torch==2.2.0\nnumpy==2.5.2\n")
