@@ -220,13 +220,18 @@ def tf32_kept():
 
 
 @tf32_kept()
-def check_training(device: torch.device, smoke: bool, workdir: Path) -> dict:
+def check_training(device: torch.device, smoke: bool, workdir: Path, progress=lambda partial: None) -> dict:
+    """The training rows and the bf16-against-fp32 loss; `progress` gets what is measured after each row (a time
+    cap during the next one keeps them)."""
     s = sizes(smoke)
     data = synthetic_corpus(vocab=s["vocab"], pairs=s["pairs"], mean_length=s["mean_length"])
     measured = matmul_peak(device, torch.bfloat16 if device.type == "cuda" else torch.float32,
                            n=512 if smoke else None, repeats=3 if smoke else 7)
     sheet = datasheet_peak(device)
     rows = []
+    result = {"rows": rows, "matmul_peak_tflops": measured / 1e12,
+              "datasheet": None if sheet is None else {"gpu": sheet[0], "bf16_tflops": sheet[1] / 1e12},
+              "loss": None, "vocab": s["vocab"], "tokens_per_update": s["tokens_per_update"]}
     runs = [(label, max_tokens, False) for label, max_tokens in s["setups"].items()]
     runs.append((list(s["setups"])[-1], list(s["setups"].values())[-1], True))
     for label, max_tokens, compiled in runs:
@@ -259,6 +264,7 @@ def check_training(device: torch.device, smoke: bool, workdir: Path) -> dict:
               f"{r['ms_per_update']:.1f} ms/update, {r['tgt_tokens_per_s']:,.0f} tgt tok/s, "
               f"first update {first:.1f} s", flush=True)
         del run, updates
+        progress(result)
     loss = {}
     for precision in ("bf16", "fp32"):  # same seed, same start, same batches; eager (on a CPU: bf16 emulated)
         run = make_run(s, data, device, workdir / f"loss-{precision}", max_tokens=list(s["setups"].values())[-1],
@@ -271,11 +277,9 @@ def check_training(device: torch.device, smoke: bool, workdir: Path) -> dict:
     relative = abs(loss["bf16"] - loss["fp32"]) / abs(loss["fp32"])
     print(f"loss of update {s['loss_updates']}: bf16 {loss['bf16']:.4f}, fp32 {loss['fp32']:.4f} "
           f"({100 * relative:.2f} %)", flush=True)
-    return {"rows": rows, "matmul_peak_tflops": measured / 1e12,
-            "datasheet": None if sheet is None else {"gpu": sheet[0], "bf16_tflops": sheet[1] / 1e12},
-            "loss": {"updates": s["loss_updates"], "bf16": loss["bf16"], "fp32": loss["fp32"],
-                     "relative_difference": relative, "within_1_percent": relative <= 0.01},
-            "vocab": s["vocab"], "tokens_per_update": s["tokens_per_update"]}
+    result["loss"] = {"updates": s["loss_updates"], "bf16": loss["bf16"], "fp32": loss["fp32"],
+                      "relative_difference": relative, "within_1_percent": relative <= 0.01}
+    return result
 
 
 # ------------------------------------------------------------------------------------------- decoding
@@ -392,7 +396,8 @@ def markdown(report: dict) -> str:
         lines += [f"bf16 against fp32 (TF32 off), the loss of update {loss['updates']} from the same start on the "
                   f"same batches (eager): bf16 {loss['bf16']:.4f}, fp32 {loss['fp32']:.4f}, relative difference "
                   f"{100 * loss['relative_difference']:.2f} % (goal: within 1 %: "
-                  f"{'met' if loss['within_1_percent'] else 'not met'}).", ""]
+                  f"{'met' if loss['within_1_percent'] else 'not met'}).", ""] if loss else [
+                  f"bf16 against fp32: not measured ({train.get('error', 'not reached')}).", ""]
     else:
         lines += [f"Training: {train}", ""]
     if isinstance(decode, list):
@@ -425,19 +430,28 @@ def main() -> int:
     report = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(device), "model": describe(config),
               "decode_work": sizes(args.smoke)["decode"], "versions": versions("ctranslate2"),
               "command": "python benchmarks/gpu_check.py" + (" --smoke" if args.smoke else "")}
+    def partial(name: str):
+        """What a step has measured so far, saved as it comes."""
+        def save(figures: dict) -> None:
+            report[name] = {**figures, "ok": False, "error": "not finished"}
+            save_report(report, args, seconds=time.perf_counter() - started, final=False)
+        return save
+
     with tempfile.TemporaryDirectory(prefix="gpu_check-") as workdir:
         steps = {"tests": (lambda: {"command": "-m cuda tests", "summary": "not run (--no-tests)", "ok": True})
                  if args.no_tests else (lambda: check_tests(args.smoke)),
-                 "training": lambda: check_training(device, args.smoke, Path(workdir)),
+                 "training": lambda: check_training(device, args.smoke, Path(workdir), progress=partial("training")),
                  "decoding": lambda: check_decoding(device, args.smoke, Path(workdir))}
         for name, step in steps.items():
             try:
                 report[name] = step()
-            except Exception as error:  # one failing step must not hide the others' figures
-                report[name] = {"error": f"{type(error).__name__}: {error}"[:500], "ok": False}
+            except Exception as error:  # one failing step must not hide the others' figures (nor its own so far)
+                report[name] = {**report.get(name, {}), "ok": False,
+                                "error": f"{type(error).__name__}: {error}"[:500]}
                 print(f"{name}: failed: {report[name]['error']}", file=sys.stderr, flush=True)
-            except KeyboardInterrupt:  # run.sh's time cap (SIGINT): what the steps before measured still counts
-                report[name] = {"error": "interrupted: the time cap (run.sh's BUDGET_S) ended it", "ok": False}
+            except KeyboardInterrupt:  # run.sh's time cap (SIGINT): what was measured before still counts
+                report[name] = {**report.get(name, {}), "error": "interrupted: the time cap (run.sh's BUDGET_S) ended "
+                                "it", "ok": False}
                 print(f"{name}: interrupted", file=sys.stderr, flush=True)
                 break
             finally:  # the figures so far written after every step: a cap or a crash later loses none of them

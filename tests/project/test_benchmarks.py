@@ -55,7 +55,14 @@ def test_gpu_check_cut_by_its_time_cap_keeps_the_steps_it_finished(tmp_path, mon
     monkeypatch.setitem(sys.modules, spec.name, check)  # its dataclasses look their module up
     spec.loader.exec_module(check)
 
-    def capped(*args):
+    row = {"setup": "paper max_tokens", "compile": False, "precision": "bf16", "max_tokens": 4096, "passes": 7,
+           "tgt_tokens_per_update": 24000.0, "ms_per_update": 812.5, "tgt_tokens_per_s": 29538.0,
+           "src_tgt_tokens_per_s": 58000.0, "mfu_datasheet": 0.31, "mfu_measured": 0.4, "peak_gib": 21.0,
+           "first_update_s": 3.2}
+
+    def capped(device, smoke, workdir, progress):  # the cap comes during the second row: the first one stays
+        progress({"rows": [row], "matmul_peak_tflops": 700.0, "datasheet": None, "loss": None, "vocab": 37000,
+                  "tokens_per_update": 25000})
         raise KeyboardInterrupt
 
     def never(*args):
@@ -70,7 +77,9 @@ def test_gpu_check_cut_by_its_time_cap_keeps_the_steps_it_finished(tmp_path, mon
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["tests"] == {"command": "-m cuda tests", "summary": "3 passed", "ok": True}
     assert "interrupted" in report["training"]["error"] and "not run" in report["decoding"]["error"]
-    assert "3 passed" in (tmp_path / "gpu_check.md").read_text()
+    assert report["training"]["rows"] == [row] and not report["training"]["ok"]
+    markdown = (tmp_path / "gpu_check.md").read_text()
+    assert "3 passed" in markdown and "| 812.5 | 29,538 |" in markdown and "bf16 against fp32: not measured" in markdown
 
 
 @pytest.mark.slow
