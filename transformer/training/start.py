@@ -41,7 +41,8 @@ def start_processes(job: TrainJob, cfg: DictConfig, argv: list[str]) -> tuple[Tr
     if job.train.valid_bleu_lines or job.train.test_at_end:  # sacreBLEU's tokenizer for each target language
         for lang in {job.data.tgt_lang, *(c.tgt_lang or job.data.tgt_lang for c in job.data.extra_train)}:
             bleu_metric(lang)  # a missing one is said now, not at the first validation hours later
-    job = finetune.adopt_architecture(job, argv, resuming=ckpt.latest_resumable(run_dir) if resuming else None)
+    own = ckpt.latest_resumable(run_dir) if resuming and job.init_from else None  # what a resumed child adopted
+    job = finetune.adopt_architecture(job, argv, resuming=own)
     job = dataclasses.replace(job, run_dir=str(run_dir))
     device = distributed.pick_device(job.device, training=True)  # cuda:LOCAL_RANK under torchrun
     dist = distributed.init_from_env(device.type)
