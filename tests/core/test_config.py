@@ -182,18 +182,21 @@ def test_precision_auto_is_bf16_only_on_gpus_with_native_bf16(monkeypatch):
     assert resolve_precision("fp16", torch.device("cuda", 0)) == "fp16"  # an explicit choice stays
 
 
-def test_fp32_training_on_a_gpu_turns_tf32_matmuls_off(monkeypatch):
+def test_fp32_training_on_a_gpu_turns_tf32_matmuls_off():
     """train.precision=fp32 is the paper's arithmetic: float32 matmuls, not the TF32 the entry points turn on."""
     import torch
 
     from transformer.training.run import set_tf32
 
-    for flags in (torch.backends.cuda.matmul, torch.backends.cudnn):
-        monkeypatch.setattr(flags, "allow_tf32", True)  # as distributed.pick_device leaves them; put back after
-    for precision, device, tf32 in (("bf16", "cuda", True), ("fp32", "cpu", True), ("fp32", "cuda", False),
-                                    ("fp16", "cuda", True)):
-        set_tf32(precision, torch.device(device))
-        assert torch.backends.cuda.matmul.allow_tf32 == torch.backends.cudnn.allow_tf32 == tf32, (precision, device)
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)  # put back after
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # as pick_device leaves them
+        for precision, device, tf32 in (("bf16", "cuda", True), ("fp32", "cpu", True), ("fp32", "cuda", False),
+                                        ("fp16", "cuda", True)):
+            set_tf32(precision, torch.device(device))
+            assert torch.backends.cuda.matmul.allow_tf32 == torch.backends.cudnn.allow_tf32 == tf32, (precision, device)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def test_a_bare_path_for_translate_or_evaluate_says_to_write_checkpoint():

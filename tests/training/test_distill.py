@@ -255,7 +255,8 @@ def test_another_beam_for_the_same_run_a_teacher_of_another_pair_and_a_hub_corpu
                                             "data.temperature": 5, "train.max_steps": 1})
     with pytest.raises(ConfigError, match="give data.train_prefix"):
         train_main(corpus.overrides(tmp_path / "hub", {**KEEP_ALL, "distill.teacher": teacher,
-                                                       "data.train_prefix": "null", "data.dataset": str(tmp_path)}))
+                                                       "data.train_prefix": "null", "data.valid_prefix": "null",
+                                                       "data.dataset": str(tmp_path)}))
 
 
 def test_original_pairs_join_the_distilled_ones_at_their_weight(corpus, teacher, tmp_path, capfd):
