@@ -183,6 +183,9 @@ def test_update_plan_of_a_resumed_run_keeps_its_batches():
     saved = TrainState(world_size=8, update_freq=1, max_tokens=3125)
     same, warning = plan_update(tokens_per_update=25000, world_size=8, max_tokens=4096, saved=saved)
     assert (same.update_freq, same.max_tokens, warning) == (1, 3125, None)
+    # Another train.tokens_per_update on resume is not applied (the saved batches stand): said, not silent.
+    kept, warning = plan_update(tokens_per_update=50000, world_size=8, max_tokens=4096, saved=saved)
+    assert kept.tokens == 25000 and "train.tokens_per_update=50000 is not this run's update of 25000" in warning
     # On 4 ranks: the same budget per pass (the saved data position stays valid), twice the passes.
     half, warning = plan_update(tokens_per_update=25000, world_size=4, max_tokens=4096, saved=saved)
     assert (half.update_freq, half.max_tokens, half.tokens, warning) == (2, 3125, 25000, None)

@@ -228,6 +228,11 @@ def plan_update(*, tokens_per_update: int, world_size: int, max_tokens: int, upd
                           f"{world_size}×{freq}): the update holds {plan.tokens} tokens instead of "
                           f"{total * plan.max_tokens}, and the batch sequence "
                           "differs from the original run's")
+        asked = plan_update(tokens_per_update=tokens_per_update, world_size=saved.world_size, max_tokens=max_tokens)[0]
+        if update_freq is None and saved.max_tokens and asked.tokens != plan.tokens:
+            return plan, (f"train.tokens_per_update={tokens_per_update} is not this run's update of {plan.tokens} "
+                          "tokens, which a resumed run keeps (its batches and data position depend on it); for "
+                          "another update size start a new run_dir with init_from=<this run>")
         return plan, None
     if update_freq is not None:
         return UpdatePlan(world_size, update_freq, max_tokens), None
