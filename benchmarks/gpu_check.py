@@ -450,8 +450,8 @@ def main() -> int:
                                 "error": f"{type(error).__name__}: {error}"[:500]}
                 print(f"{name}: failed: {report[name]['error']}", file=sys.stderr, flush=True)
             except KeyboardInterrupt:  # run.sh's time cap (SIGINT): what was measured before still counts
-                report[name] = {**report.get(name, {}), "error": "interrupted: the time cap (run.sh's BUDGET_S) ended "
-                                "it", "ok": False}
+                report[name] = {**report.get(name, {}), "ok": False,
+                                "error": "interrupted: the time cap (run.sh's BUDGET_S) ended it"}
                 print(f"{name}: interrupted", file=sys.stderr, flush=True)
                 break
             finally:  # the figures so far written after every step: a cap or a crash later loses none of them

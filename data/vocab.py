@@ -208,13 +208,9 @@ class MarianVocab:
 
     def _ids(self, texts: list[str], sp: spm.SentencePieceProcessor, index: dict[str, int],
              num_threads: int) -> list[list[int]]:
-        codes, rests = [], []
-        for text in texts:
-            end = text.find("<<") if text.startswith(">>") else -1
-            codes.append([text[: end + 2]] if end != -1 else [])
-            rests.append(text[end + 2 :] if end != -1 else text)
-        pieces = sp.encode(rests, out_type=str, num_threads=num_threads)
-        return [[index.get(piece, self.unk_id) for piece in code + row] for code, row in zip(codes, pieces)]
+        split = [_language_code(text) for text in texts]
+        pieces = sp.encode([rest for _, rest in split], out_type=str, num_threads=num_threads)
+        return [[index.get(piece, self.unk_id) for piece in code + row] for (code, _), row in zip(split, pieces)]
 
     def encode(self, texts: list[str], *, num_threads: int = -1) -> list[list[int]]:
         """Source token ids of each text, without EOS."""
@@ -250,13 +246,12 @@ class MarianVocab:
         """`Vocab.encode_words` with the source's (or the target's) model and table; a leading language code
         (">>fr<<") is one piece of the first word, as `encode` reads it."""
         sp, index = (self._target, self._target_index) if target else (self._source, self._source_index)
-        end = text.find("<<") if text.startswith(">>") else -1
-        code, rest = (text[: end + 2], text[end + 2 :]) if end != -1 else ("", text)
-        offset = len(code.encode("utf-8"))
+        code, rest = _language_code(text)
+        offset = len(text.encode("utf-8")) - len(rest.encode("utf-8"))  # the code's bytes
         proto = sp.encode(rest, out_type="proto")
-        ids = [index[code]] if code in index else [self.unk_id] if code else []
-        begins = [0] * len(ids) + [offset + piece.begin for piece in proto.pieces]
-        return ids + [index.get(piece.piece, self.unk_id) for piece in proto.pieces], _piece_words(text, begins)
+        pieces = [*code, *(piece.piece for piece in proto.pieces)]
+        begins = [0] * len(code) + [offset + piece.begin for piece in proto.pieces]
+        return [index.get(piece, self.unk_id) for piece in pieces], _piece_words(text, begins)
 
     def byte_ids(self) -> list[int]:
         """Ids of byte-fallback pieces (`<0x00>` ...) in either table; OPUS-MT's models have none."""
@@ -265,6 +260,12 @@ class MarianVocab:
 
     def save(self, path: str | os.PathLike) -> None:
         atomic_write(path, self._proto, what="vocabulary")
+
+
+def _language_code(text: str) -> tuple[list[str], str]:
+    """A Marian text's leading target-language code (">>fr<< Bonjour": [">>fr<<"], one piece) and the rest."""
+    end = text.find("<<") if text.startswith(">>") else -1
+    return ([text[: end + 2]], text[end + 2 :]) if end != -1 else ([], text)
 
 
 def _piece_words(text: str, begins: list[int]) -> list[int]:
