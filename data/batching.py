@@ -5,8 +5,9 @@
   longest target + 1), never exceeds `max_tokens`. A pair that alone exceeds it is skipped and counted,
   never truncated.
 - `BatchStream`: the fixed batches, reshuffled each epoch from (seed, epoch), read as one endless global
-  stream. Update u takes the next world_size × update_freq batches of the stream (crossing into the
-  next epoch when needed: no partial updates) and rank r gets slots r·k … r·k+k-1 of them, so N ranks ×
+  stream (with `epoch_rows`, for a mix that draws its fractional shares afresh each epoch, each epoch's own
+  batches of its rows). Update u takes the next world_size × update_freq batches of the stream (crossing into
+  the next epoch when needed: no partial updates) and rank r gets slots r·k … r·k+k-1 of them, so N ranks ×
   k passes consume exactly the batches of 1 rank × N·k passes. Its position (epoch, offset into the
   epoch) is in global-stream terms, so it can be saved and restored under another world size.
 - `TokenArrays`: a split's token ids as flat arrays (memory-mapped from the data cache in training), the
@@ -18,7 +19,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -76,21 +77,53 @@ class BatchStream:
     world size), `indices` the dataset rows of the batch. `skipped` counts the pairs over the budget.
     `data` names the training set (its cache entry: the corpora, their weights and tags, cleaning, vocabulary):
     a saved position is restored only into the stream of the same data.
+
+    `epoch_rows` (epoch → row indices, a pure function of the epoch): the rows each epoch batches, for a mix
+    whose fractional shares are drawn afresh every epoch (data.pipeline); each epoch then has its own batches
+    (cut by `batch_by_size` from its rows' lengths) and its own count of them. None: every row, every epoch,
+    one set of batches.
     """
 
     def __init__(self, src_lens, tgt_lens, *, max_tokens: int, seed: int, world_size: int = 1, rank: int = 0,
-                 update_freq: int = 1, data: str = "", multiple: int = 1):
+                 update_freq: int = 1, data: str = "", multiple: int = 1,
+                 epoch_rows: Callable[[int], np.ndarray] | None = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
         if update_freq < 1:
             raise ValueError(f"update_freq must be >= 1, got {update_freq}")
-        batches, skipped = batch_by_size(src_lens, tgt_lens, max_tokens, multiple=multiple)
-        if not batches:
-            raise DataError(f"no training batch: all {skipped} pairs are longer than train.max_tokens={max_tokens}")
-        self.batches, self.skipped, self.data = batches, skipped, data
-        self.seed, self.world_size, self.rank, self.update_freq = seed, world_size, rank, update_freq
+        self._lengths = np.asarray(src_lens, dtype=np.int64), np.asarray(tgt_lens, dtype=np.int64)
+        self._max_tokens, self._multiple, self._epoch_rows = max_tokens, multiple, epoch_rows
+        self._batches: dict[int, list[np.ndarray]] = {}  # of an epoch (the last two: a deal crosses one boundary)
+        self.data, self.seed, self.world_size, self.rank, self.update_freq = data, seed, world_size, rank, update_freq
         self._epoch, self._offset = 0, 0
         self._order: tuple[int, np.ndarray] | None = None
+        self._fixed: list[np.ndarray] | None = None
+        if epoch_rows is None:
+            self._fixed, self.skipped = self._cut(np.arange(len(self._lengths[0])))
+        else:  # the pairs over the budget: of the first epoch (each epoch draws its own)
+            self._batches[0], self.skipped = self._cut(np.asarray(epoch_rows(0)))
+
+    def _cut(self, rows: np.ndarray) -> tuple[list[np.ndarray], int]:
+        src, tgt = self._lengths
+        batches, skipped = batch_by_size(src[rows], tgt[rows], self._max_tokens, multiple=self._multiple)
+        if not batches:
+            raise DataError(f"no training batch: all {skipped} pairs are longer than "
+                            f"train.max_tokens={self._max_tokens}")
+        return [rows[b] for b in batches], skipped
+
+    def batches_in(self, epoch: int) -> list[np.ndarray]:
+        """The batches of `epoch` (row indices each), in size order; `epoch_order` shuffles them."""
+        if self._fixed is not None:
+            return self._fixed
+        if epoch not in self._batches:
+            self._batches = {e: b for e, b in self._batches.items() if e == epoch - 1}
+            self._batches[epoch] = self._cut(np.asarray(self._epoch_rows(epoch)))[0]
+        return self._batches[epoch]
+
+    @property
+    def batches(self) -> list[np.ndarray]:
+        """The batches of the current epoch."""
+        return self.batches_in(self._epoch)
 
     @property
     def epoch(self) -> int:
@@ -106,7 +139,7 @@ class BatchStream:
         """The shuffled batch numbers of `epoch`, from (seed, epoch) alone."""
         if self._order is None or self._order[0] != epoch:
             rng = np.random.default_rng([self.seed, epoch])
-            self._order = (epoch, rng.permutation(len(self.batches)))
+            self._order = (epoch, rng.permutation(len(self.batches_in(epoch))))
         return self._order[1]
 
     def next_update(self) -> list[tuple[int, np.ndarray]]:
@@ -124,9 +157,9 @@ class BatchStream:
         mine = []
         for slot in range(self.world_size * k):
             if self.rank * k <= slot < (self.rank + 1) * k:
-                mine.append((slot, self.batches[self.epoch_order(epoch)[offset]]))
+                mine.append((slot, self.batches_in(epoch)[self.epoch_order(epoch)[offset]]))
             offset += 1
-            if offset == len(self.batches):
+            if offset == len(self.batches_in(epoch)):
                 epoch, offset = epoch + 1, 0
         return mine, epoch, offset
 
@@ -143,12 +176,15 @@ class BatchStream:
                 f"the saved data position is for the training set {state['data']}, but this run's is {self.data}: "
                 "the corpora, their weights or tags, the cleaning or the vocabulary changed since it was saved; "
                 "resume with the data it started with, or start a new run_dir")
-        if state["batches_per_epoch"] != len(self.batches):
+        if state["epoch"] < 0:
+            raise ValueError(f"invalid data position {state}")
+        count = len(self.batches_in(int(state["epoch"])))
+        if state["batches_per_epoch"] != count:
             raise DataError(
                 f"the saved data position is for {state['batches_per_epoch']} batches per epoch, but this run has "
-                f"{len(self.batches)}: the corpus, vocabulary or train.max_tokens changed since it was saved"
+                f"{count}: the corpus, vocabulary or train.max_tokens changed since it was saved"
             )
-        if not 0 <= state["offset"] < len(self.batches) or state["epoch"] < 0:
+        if not 0 <= state["offset"] < count:
             raise ValueError(f"invalid data position {state}")
         self._epoch, self._offset = int(state["epoch"]), int(state["offset"])
 

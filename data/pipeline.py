@@ -59,6 +59,9 @@ class Split:
     report: CleanReport
     cache_entry: Path
     tokens: TokenArrays  # the same ids as flat memory-mapped arrays, for batching (data.batching.collate)
+    # a mix with a fractional weight: the rows of each epoch (its shares drawn afresh), for data.batching's
+    # BatchStream; None: every row, every epoch
+    epoch_rows: Callable[[int], np.ndarray] | None = None
 
 
 @dataclass(frozen=True)
@@ -210,46 +213,68 @@ def _split(settings: DataConfig, split: str, vocab: Vocab, *, cache_dir: Path, h
 # ------------------------------------------------------------------------------------ several corpora
 def _mixed_training_set(settings: DataConfig, vocab: Vocab, encoded: Callable[[str], Split], *, cache_dir: Path,
                         seed: int, log) -> Split:
-    """The training set of several corpora (or of one with a weight): each corpus's pairs `weight` times (a
-    fraction of a time as a subset drawn from the seed), its sources led by its tag, one corpus after the
-    other; BatchStream shuffles the batches. Cached like a split (memory-mapped, keyed by its parts)."""
+    """The training set of several corpora (or of one with a weight): an epoch holds each corpus's pairs
+    `weight` times, its sources led by its tag, one corpus after the other; BatchStream shuffles the batches.
+    Whole weights: the copies are laid out once (memory-mapped, cached like a split, keyed by its parts). A
+    fraction of a time (weight 1.5, or a large corpus's share under data.temperature): each corpus is laid out
+    once and every epoch draws its fraction afresh from (seed, corpus, epoch) (`Split.epoch_rows`), as
+    fairseq's ResamplingDataset does, so that over the epochs the whole corpus is read, not one subset."""
     corpora = training_corpora(settings)
     parts = [(name, encoded(name), weight, _tag_id(vocab, tag, name)) for name, weight, tag in corpora]
     if settings.temperature is not None:  # each corpus's share from its size (data/config.py)
         weights = temperature_weights([len(split.src_lengths) for _, split, _, _ in parts], settings.temperature)
         parts = [(name, split, weight, tag_id) for (name, split, _, tag_id), weight in zip(parts, weights)]
+    sizes = [len(split.src_lengths) for _, split, _, _ in parts]
+    redrawn = any(_drawn(n, weight) for (_, _, weight, _), n in zip(parts, sizes))
     key = {"format": CACHE_FORMAT, "seed": seed,
            "parts": [[split.cache_entry.name, weight, tag_id] for _, split, weight, tag_id in parts]}
+    if redrawn:
+        key["epochs"] = "redrawn"
     entry = cache_dir / f"train-mix-{corpus.digest(key)}"
-    rows = [_weighted_rows(len(split.src_lengths), weight, seed=seed, corpus=i)
-            for i, (_, split, weight, _) in enumerate(parts)]
+    laid_out = [np.arange(n, dtype=np.int64) if redrawn else _weighted_rows(n, weight, seed=seed, corpus=i)
+                for i, ((_, _, weight, _), n) in enumerate(zip(parts, sizes))]
     if not TokenArrays.saved_in(entry):
         entry.mkdir(parents=True, exist_ok=True)
-        TokenArrays.gathered([(split.tokens, r, tag_id) for (_, split, _, tag_id), r in zip(parts, rows)], out=entry)
-    for (name, split, weight, tag_id), r in zip(parts, rows):
+        TokenArrays.gathered([(split.tokens, r, tag_id) for (_, split, _, tag_id), r in zip(parts, laid_out)],
+                             out=entry)
+    for (name, split, weight, tag_id), n in zip(parts, sizes):
         tag = f", tag {vocab.pieces([tag_id])[0]}" if tag_id is not None else ""
-        log(f"data: training corpus {_corpus_name(name)}: {len(split.src_lengths)} pairs × weight {weight:g}"
-            f"{tag} = {len(r)} pairs an epoch")
+        fresh = " (the fraction drawn afresh each epoch)" if _drawn(n, weight) else ""
+        log(f"data: training corpus {_corpus_name(name)}: {n} pairs × weight {weight:g}{tag} = "
+            f"{int(weight) * n + _drawn(n, weight)} pairs an epoch{fresh}")
     tokens = TokenArrays.load(entry)
     reports = [split.report for _, split, _, _ in parts]
     report = CleanReport(**{field: sum(getattr(r, field) for r in reports) for field in ("read", "empty", "too_long",
                                                                                         "ratio", "duplicates")})
+    epoch_rows = None
+    if redrawn:
+        starts = np.cumsum([0, *sizes[:-1]])
+        weights = [weight for _, _, weight, _ in parts]
+
+        def epoch_rows(epoch: int) -> np.ndarray:
+            return np.concatenate([start + _weighted_rows(n, weight, seed=seed, corpus=i, epoch=epoch)
+                                   for i, (start, n, weight) in enumerate(zip(starts, sizes, weights))])
     return Split(dataset=corpus.concatenate([split.dataset for _, split, _, _ in parts]),
                  src_lengths=np.diff(tokens.src_offsets), tgt_lengths=np.diff(tokens.tgt_offsets),
-                 report=report, cache_entry=entry, tokens=tokens)
+                 report=report, cache_entry=entry, tokens=tokens, epoch_rows=epoch_rows)
 
 
 def _corpus_name(split: str) -> str:
     return "data.train_prefix/dataset" if split == "train" else f"data.extra_train[{int(split[6:]) - 1}]"
 
 
-def _weighted_rows(n: int, weight: float, *, seed: int, corpus: int) -> np.ndarray:
+def _weighted_rows(n: int, weight: float, *, seed: int, corpus: int, epoch: int = 0) -> np.ndarray:
     """Row indices of a corpus of n pairs for one epoch at `weight`: every row int(weight) times, then the
-    fractional rest as distinct rows drawn once from (seed, corpus)."""
-    whole = int(weight)
-    rest = int(round((weight - whole) * n))
-    drawn = np.sort(np.random.default_rng([seed, corpus, 0xB7]).choice(n, size=rest, replace=False))
+    fractional rest as distinct rows drawn from (seed, corpus, epoch)."""
+    whole, rest = int(weight), _drawn(n, weight)
+    rng = np.random.default_rng([seed, corpus, 0xB7] + ([epoch] if epoch else []))  # epoch 0: as before epochs
+    drawn = np.sort(rng.choice(n, size=rest, replace=False))
     return np.concatenate([np.tile(np.arange(n, dtype=np.int64), whole), drawn.astype(np.int64)])
+
+
+def _drawn(n: int, weight: float) -> int:
+    """How many of a corpus's n pairs the fraction of its weight draws each epoch (weight 2.5: n / 2)."""
+    return int(round((weight - int(weight)) * n))
 
 
 def _tag_id(vocab: Vocab, tag: str | None, split: str) -> int | None:

@@ -32,9 +32,11 @@ def data_cfg(corpus, cache_dir, **changes) -> dict:
             "vocab_size": PIECES, "num_workers": 1, "cache_dir": str(cache_dir), **changes}
 
 
-def rows(split, side: str) -> list[list[int]]:
+def rows(split, side: str, epoch: int = 0) -> list[list[int]]:
+    """One side of the pairs an epoch trains on: the laid-out rows, or the epoch's draw of a redrawn mix."""
     values, offsets = getattr(split.tokens, side), getattr(split.tokens, f"{side}_offsets")
-    return [values[offsets[i]:offsets[i + 1]].tolist() for i in range(len(offsets) - 1)]
+    laid_out = [values[offsets[i]:offsets[i + 1]].tolist() for i in range(len(offsets) - 1)]
+    return laid_out if split.epoch_rows is None else [laid_out[i] for i in split.epoch_rows(epoch)]
 
 
 def test_weights_repeat_the_pairs_and_a_tag_leads_every_source_of_its_corpus(corpus, extra_corpus, tmp_path):
@@ -57,7 +59,15 @@ def test_weights_repeat_the_pairs_and_a_tag_leads_every_source_of_its_corpus(cor
     assert all(s[0] == tag and tag not in s[1:] for s, _ in extra)
     whole, half = extra[:n_extra], extra[n_extra:]
     assert len(set(map(str, half))) == len(half) and all(pair in whole for pair in half)  # distinct rows, once more
-    assert mixed.train.src_lengths.tolist() == [len(s) for s in src]
+    assert [mixed.train.src_lengths[i] for i in mixed.train.epoch_rows(0)] == [len(s) for s in src]
+
+    # the fraction is drawn afresh each epoch (the whole copies stay): over the epochs every extra pair is read
+    later = [list(zip(rows(mixed.train, "src", e), rows(mixed.train, "tgt", e))) for e in range(1, 8)]
+    assert all(len(pairs) == len(src) and pairs[:2 * n_main + n_extra] == list(zip(src, tgt))[:2 * n_main + n_extra]
+               for pairs in later)
+    halves = [pairs[2 * n_main + n_extra:] for pairs in later]
+    assert halves[0] != half and all(len(set(map(str, h))) == len(h) and all(p in whole for p in h) for h in halves)
+    assert {str(p) for h in [half, *halves] for p in h} == {str(p) for p in whole}
 
     again = prepare(data_cfg(corpus, tmp_path / "cache2", train_weight=2,
                              extra_train=[{"prefix": str(extra_corpus), "weight": 1.5, "tag": "<BT>"}]),
@@ -79,22 +89,40 @@ def test_a_tag_missing_from_a_given_vocabulary_is_a_one_line_error(corpus, extra
     assert "\n" not in message and "data.extra_train[0].tag=<BT> is not a piece of the vocabulary" in message
 
 
-def mix(extra_corpus, weight=1) -> dict:
+def mix(extra_corpus, weight=1, extra_weight=2) -> dict:
     return {"data.spm_model": "null", "data.train_weight": weight,
-            "data.extra_train": f"[{{prefix: '{extra_corpus}', weight: 2, tag: '<BT>'}}]"}
+            "data.extra_train": f"[{{prefix: '{extra_corpus}', weight: {extra_weight}, tag: '<BT>'}}]"}
 
 
-def test_a_run_on_several_corpora_resumes_bit_identically_and_records_them(corpus, extra_corpus, tmp_path):
-    changes = {**mix(extra_corpus), "train.save_every_steps": 2, "train.max_steps": 5}
+@pytest.mark.parametrize("extra_weight", [2, 1.5])  # whole copies laid out once; a fraction drawn each epoch
+def test_a_run_on_several_corpora_resumes_bit_identically_and_records_them(corpus, extra_corpus, tmp_path,
+                                                                           extra_weight):
+    changes = {**mix(extra_corpus, extra_weight=extra_weight), "train.save_every_steps": 2, "train.max_steps": 5,
+               "train.max_tokens": 4096, "train.tokens_per_update": 4096}
     whole = run(corpus, tmp_path / "whole", changes)
     run(corpus, tmp_path / "resumed", {**changes, "train.max_steps": 2})
     resumed = run(corpus, tmp_path / "resumed", changes)
     assert_training_states_equal(resumed, whole)
     assert whole["data_state"]["data"].startswith("train-mix-")
+    assert whole["data_state"]["epoch"] >= 1  # the resumed part crossed into the next epoch (its own draw)
     data = whole["config"]["data"]
-    assert data["extra_train"] == [{"prefix": str(extra_corpus), "weight": 2, "tag": "<BT>", "src_lang": None,
-                                   "tgt_lang": None, "valid_prefix": None}]
+    assert data["extra_train"] == [{"prefix": str(extra_corpus), "weight": extra_weight, "tag": "<BT>",
+                                   "src_lang": None, "tgt_lang": None, "valid_prefix": None}]
     assert load_vocab(ckpt.spm_bytes(whole)).piece_id("<BT>") is not None  # the checkpoint carries the tag
+
+
+def test_an_epoch_of_a_fractional_mix_trains_on_the_pairs_drawn_for_it(corpus, extra_corpus, tmp_path):
+    """train.py batches the rows the mix draws for the epoch (the main corpus and 1.5 × the 40 extra pairs),
+    not the corpora as laid out (each once): one epoch's target tokens are those of the drawn pairs."""
+    changes = {**mix(extra_corpus, extra_weight=1.5), "train.max_epochs": 1, "train.max_steps": 1000}
+    trained = run(corpus, tmp_path / "run", changes)
+    assert (trained["data_state"]["epoch"], trained["data_state"]["offset"]) == (1, 0)
+    prepared = prepare(data_cfg(corpus, tmp_path / "cache", spm_model=str(tmp_path / "run" / "spm.model"),
+                                extra_train=[{"prefix": str(extra_corpus), "weight": 1.5, "tag": "<BT>"}]),
+                       tmp_path / "check", seed=1, splits=("train",))
+    drawn = prepared.train.epoch_rows(0)
+    assert len(drawn) == len(prepared.train.tgt_lengths) + 20
+    assert trained["train_tokens"] == int((prepared.train.tgt_lengths[drawn] + 1).sum())  # + EOS each
 
 
 def test_resuming_on_another_mix_is_a_one_line_error(corpus, extra_corpus, tmp_path):
@@ -113,6 +141,8 @@ def test_weighted_rows_are_whole_copies_then_a_seeded_draw():
     assert rows[:20].tolist() == list(range(10)) * 2 and len(rows) == 23 and len(set(rows[20:].tolist())) == 3
     assert np.array_equal(rows, _weighted_rows(10, 2.3, seed=4, corpus=1))
     assert _weighted_rows(10, 0.5, seed=4, corpus=1).tolist() != _weighted_rows(10, 0.5, seed=4, corpus=2).tolist()
+    assert _weighted_rows(10, 0.5, seed=4, corpus=1).tolist() != _weighted_rows(10, 0.5, seed=4, corpus=1,
+                                                                               epoch=1).tolist()
 
 
 @pytest.fixture()
@@ -148,6 +178,9 @@ def test_several_language_pairs_each_led_by_its_target_languages_tag_and_mixed_b
     expected = np.round(shares / shares.sum() * total).astype(int)
     assert [sum(s[0] == de for s in src), sum(s[0] == fr for s in src)] == expected.tolist()
     assert expected[1] > 2 * 60  # the small corpus upsampled
+    # the large corpus's share (a fraction of it) is drawn afresh each epoch: two epochs, two subsets
+    assert expected[0] < n_de and rows(hot.train, "src", 1) != src
+    assert sorted(map(str, rows(hot.train, "src", 1))) != sorted(map(str, src))
 
 
 def test_temperature_with_explicit_weights_and_a_pair_into_itself_are_one_line_errors(corpus, tmp_path):

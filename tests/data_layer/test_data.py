@@ -391,6 +391,50 @@ def test_restoring_a_position_from_other_batches_is_an_error():
         stream.load_state_dict({"epoch": 0, "offset": 1, "batches_per_epoch": 3})
 
 
+def redrawn(n: int, seed: int = 0):
+    """Epoch rows of a mix redrawn each epoch: rows 0 … n/2-1 once, then a fresh draw of half of the rest."""
+    def epoch_rows(epoch: int) -> np.ndarray:
+        rest = np.random.default_rng([seed, epoch]).choice(np.arange(n // 2, n), size=n // 4, replace=False)
+        return np.concatenate([np.arange(n // 2), np.sort(rest)])
+    return epoch_rows
+
+
+def test_a_stream_of_redrawn_epochs_batches_each_epochs_own_rows():
+    src, tgt = random_lengths(2000)
+    epoch_rows = redrawn(2000)
+    stream = BatchStream(src, tgt, max_tokens=700, seed=5, update_freq=3, epoch_rows=epoch_rows)
+    dealt = [np.asarray(indices) for _, indices in flat(stream, updates=300)]  # the batches in stream order
+    assert stream.epoch >= 3
+    for epoch in range(3):
+        count = len(stream.batches_in(epoch))
+        batches, dealt = dealt[:count], dealt[count:]
+        assert sorted(np.concatenate(batches).tolist()) == epoch_rows(epoch).tolist()  # each of its rows once
+        assert all(len(b) * (max(src[b].max(), tgt[b].max()) + 1) <= 700 for b in batches)
+    assert epoch_rows(0).tolist() != epoch_rows(1).tolist()
+    # a pure function of (seed, epoch): a second stream deals the same
+    again = BatchStream(src, tgt, max_tokens=700, seed=5, update_freq=3, epoch_rows=epoch_rows)
+    assert flat(again, 40) == flat(BatchStream(src, tgt, max_tokens=700, seed=5, update_freq=3,
+                                               epoch_rows=epoch_rows), 40)
+
+
+@pytest.mark.parametrize("resume_world,resume_k", [(1, 4), (2, 2)])
+def test_a_redrawn_stream_resumes_and_deals_to_ranks_as_one_rank_would(resume_world, resume_k):
+    src, tgt = random_lengths(1500)
+    stream = lambda **kw: BatchStream(src, tgt, max_tokens=700, seed=9, epoch_rows=redrawn(1500), **kw)  # noqa: E731
+    uninterrupted = flat(stream(update_freq=4), updates=60)  # three epochs and more
+    first = stream(update_freq=4)
+    before = flat(first, updates=37)  # stops mid-epoch, after the first epoch
+    state = first.state_dict()
+    assert state["epoch"] >= 1 and state["offset"] > 0 and state["batches_per_epoch"] == len(first.batches)
+    resumed = [stream(world_size=resume_world, rank=r, update_freq=resume_k) for r in range(resume_world)]
+    for s in resumed:
+        s.load_state_dict(dict(state))
+    after = []
+    for _ in range(23):
+        after += [(slot, ix.tolist()) for s in resumed for slot, ix in s.next_update()]
+    assert before + after == uninterrupted
+
+
 # ------------------------------------------------------------------------------------------ collate
 def test_collate_teacher_forcing_shifts_the_target_by_one(vocab, tmp_path):
     prefix = write_pair(tmp_path / "c", ["Hello world", "A much longer sentence than the first one"],

@@ -220,7 +220,7 @@ def build_run(job: TrainJob, *, dist: distributed.DistInfo, device: torch.device
     stream = BatchStream(data.train.src_lengths, data.train.tgt_lengths, max_tokens=plan.max_tokens, seed=job.seed,
                          multiple=t.pad_to_multiple,
                          world_size=dist.world_size, rank=dist.rank, update_freq=plan.update_freq,
-                         data=data.train.cache_entry.name)
+                         data=data.train.cache_entry.name, epoch_rows=data.train.epoch_rows)
     if stream.skipped:
         log.warning("%d training pairs are longer than a pass's budget (%d tokens; train.max_tokens=%d) and are "
                     "skipped", stream.skipped, plan.max_tokens, t.max_tokens)
