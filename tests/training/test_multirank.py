@@ -198,9 +198,13 @@ def test_update_plan_of_a_resumed_run_keeps_its_batches():
     assert (old.update_freq, old.max_tokens) == (6, 4096)
 
 
-def test_update_plan_with_update_freq_given_uses_max_tokens_as_it_is():
+def test_update_plan_with_update_freq_given_uses_max_tokens_as_it_is_and_says_when_it_is_not_the_update_asked():
     plan, warning = plan_update(tokens_per_update=25000, world_size=8, max_tokens=4096, update_freq=2)
-    assert (plan.update_freq, plan.max_tokens, plan.tokens, warning) == (2, 4096, 65536, None)
+    assert (plan.update_freq, plan.max_tokens, plan.tokens) == (2, 4096, 65536)
+    assert "8 rank(s) × 2 passes × train.max_tokens=4096 = 65536 tokens, 2.6× train.tokens_per_update=25000" in warning
+    assert "train.update_freq=null" in warning and "\n" not in warning
+    near, warning = plan_update(tokens_per_update=25000, world_size=1, max_tokens=4096, update_freq=6)
+    assert (near.tokens, warning) == (24576, None)  # within 10 %: the paper's ~25k, as fairseq's recipe has it
 
 
 # 8 ranks of 2048 / 8 = 256 tokens each, for 2 updates.

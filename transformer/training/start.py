@@ -213,7 +213,7 @@ def plan_update(*, tokens_per_update: int, world_size: int, max_tokens: int, upd
     `ceil(T / (W × max_tokens))`, each of `T / (W × update_freq)` tokens, so that the update holds T tokens
     at any world size; never below min(max_tokens, MIN_TOKENS) per pass. Above T / MIN_TOKENS ranks (97 for
     the paper's 25k) the floor holds and the update grows past T; more than 10 % past it (from 108 ranks) is
-    the warning. Given `update_freq`: `max_tokens` as it is.
+    the warning. Given `update_freq`: `max_tokens` as it is (an update more than 10 % off T is the warning).
     Resumed (`saved`): the saved run's per-pass budget, so that its batches and data position stay valid,
     with the passes that keep its update size at this world size.
     """
@@ -235,7 +235,14 @@ def plan_update(*, tokens_per_update: int, world_size: int, max_tokens: int, upd
                           "another update size start a new run_dir with init_from=<this run>")
         return plan, None
     if update_freq is not None:
-        return UpdatePlan(world_size, update_freq, max_tokens), None
+        plan = UpdatePlan(world_size, update_freq, max_tokens)
+        if abs(plan.tokens - tokens_per_update) > 0.1 * tokens_per_update:
+            return plan, (f"train.update_freq={update_freq} sets the update: {world_size} rank(s) × {update_freq} "
+                          f"passes × train.max_tokens={max_tokens} = {plan.tokens} tokens, "
+                          f"{plan.tokens / tokens_per_update:.2g}× train.tokens_per_update={tokens_per_update}, which "
+                          "it overrides; set train.update_freq=null to derive the passes from tokens_per_update, or "
+                          f"train.tokens_per_update={plan.tokens} to name the update you mean")
+        return plan, None
     freq = max(1, math.ceil(tokens_per_update / (world_size * max_tokens)))
     plan = UpdatePlan(world_size, freq, max(min(max_tokens, MIN_TOKENS), tokens_per_update // (world_size * freq)))
     if plan.tokens > 1.1 * tokens_per_update:
