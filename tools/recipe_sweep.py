@@ -70,7 +70,7 @@ CANDIDATES: dict[str, list[str]] = {
     # the published system's data handling: lowercased text and no length-ratio filter (data.max_len_ratio's 1.5,
     # a web-crawl cleaning rule, drops 888 of Multi30k's 29,000 professionally translated EN-DE pairs)
     "lc_full": ["data.lowercase=true", "data.max_len_ratio=null"],
-    # the filter alone (cased): the fifth round's members point to those pairs, not to the lowercasing
+    # the filter alone (cased), the seventh round (docs/RESULTS.md): weaker than the preset with it
     "nofilter": ["data.max_len_ratio=null"],
     # the final's members passed their validation best at ~8,000 updates (docs/RESULTS.md): end them there
     "steps8500": ["train.max_steps=8500"],
