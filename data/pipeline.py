@@ -4,6 +4,7 @@
     prepared.vocab                   # data.vocab.Vocab (also saved as run_dir/spm.model)
     prepared.train.dataset           # datasets.Dataset: src_ids, tgt_ids, src_len, tgt_len
     prepared.train.src_lengths       # numpy int64 [N], pieces without EOS (also .tgt_lengths)
+    prepared.train.epoch_rows        # a mix drawing fractions afresh: epoch -> its rows (else None)
     prepared.train.report            # data.corpus.CleanReport: what cleaning removed
     prepared.train.tokens            # data.batching.TokenArrays: the ids, flat and memory-mapped, for collate
     prepared.valid.dataset           # ... plus the stripped text src, tgt (for BLEU); also .test
@@ -241,7 +242,7 @@ def _mixed_training_set(settings: DataConfig, vocab: Vocab, encoded: Callable[[s
         tag = f", tag {vocab.pieces([tag_id])[0]}" if tag_id is not None else ""
         fresh = " (the fraction drawn afresh each epoch)" if _drawn(n, weight) else ""
         log(f"data: training corpus {_corpus_name(name)}: {n} pairs × weight {weight:g}{tag} = "
-            f"{int(weight) * n + _drawn(n, weight)} pairs an epoch{fresh}")
+            f"{int(round(weight * n))} pairs an epoch{fresh}")
     tokens = TokenArrays.load(entry)
     reports = [split.report for _, split, _, _ in parts]
     report = CleanReport(**{field: sum(getattr(r, field) for r in reports) for field in ("read", "empty", "too_long",
@@ -266,7 +267,7 @@ def _corpus_name(split: str) -> str:
 def _weighted_rows(n: int, weight: float, *, seed: int, corpus: int, epoch: int = 0) -> np.ndarray:
     """Row indices of a corpus of n pairs for one epoch at `weight`: every row int(weight) times, then the
     fractional rest as distinct rows drawn from (seed, corpus, epoch)."""
-    whole, rest = int(weight), _drawn(n, weight)
+    whole, rest = divmod(int(round(weight * n)), n) if n else (0, 0)
     rng = np.random.default_rng([seed, corpus, 0xB7] + ([epoch] if epoch else []))  # epoch 0: as before epochs
     drawn = np.sort(rng.choice(n, size=rest, replace=False))
     return np.concatenate([np.tile(np.arange(n, dtype=np.int64), whole), drawn.astype(np.int64)])
@@ -274,7 +275,7 @@ def _weighted_rows(n: int, weight: float, *, seed: int, corpus: int, epoch: int 
 
 def _drawn(n: int, weight: float) -> int:
     """How many of a corpus's n pairs the fraction of its weight draws each epoch (weight 2.5: n / 2)."""
-    return int(round((weight - int(weight)) * n))
+    return divmod(int(round(weight * n)), n)[1] if n else 0  # by the rounded total: weight 0.99999… is 1
 
 
 def _tag_id(vocab: Vocab, tag: str | None, split: str) -> int | None:

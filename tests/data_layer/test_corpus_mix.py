@@ -143,6 +143,12 @@ def test_weighted_rows_are_whole_copies_then_a_seeded_draw():
     assert _weighted_rows(10, 0.5, seed=4, corpus=1).tolist() != _weighted_rows(10, 0.5, seed=4, corpus=2).tolist()
     assert _weighted_rows(10, 0.5, seed=4, corpus=1).tolist() != _weighted_rows(10, 0.5, seed=4, corpus=1,
                                                                                epoch=1).tolist()
+    # data.temperature=1 can give a weight of 0.9999999999999999: each pair once, nothing drawn (no redrawn mix)
+    from data.config import temperature_weights
+    from data.pipeline import _drawn
+    weights = temperature_weights([3771604, 3962480], 1.0)
+    assert weights[1] < 1 and [_drawn(n, w) for n, w in zip([3771604, 3962480], weights)] == [0, 0]
+    assert _weighted_rows(7, weights[1], seed=4, corpus=1).tolist() == list(range(7))
 
 
 @pytest.fixture()
