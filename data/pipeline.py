@@ -219,7 +219,7 @@ def _mixed_training_set(settings: DataConfig, vocab: Vocab, encoded: Callable[[s
     Whole weights: the copies are laid out once (memory-mapped, cached like a split, keyed by its parts). A
     fraction of a time (weight 1.5, or a large corpus's share under data.temperature): each corpus is laid out
     once and every epoch draws its fraction afresh from (seed, corpus, epoch) (`Split.epoch_rows`), as
-    fairseq's ResamplingDataset does, so that over the epochs the whole corpus is read, not one subset."""
+    fairseq's ResamplingDataset does: every pair has the same chance each epoch, not one subset for the run."""
     corpora = training_corpora(settings)
     parts = [(name, encoded(name), weight, _tag_id(vocab, tag, name)) for name, weight, tag in corpora]
     if settings.temperature is not None:  # each corpus's share from its size (data/config.py)
