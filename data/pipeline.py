@@ -267,15 +267,21 @@ def _corpus_name(split: str) -> str:
 def _weighted_rows(n: int, weight: float, *, seed: int, corpus: int, epoch: int = 0) -> np.ndarray:
     """Row indices of a corpus of n pairs for one epoch at `weight`: every row int(weight) times, then the
     fractional rest as distinct rows drawn from (seed, corpus, epoch)."""
-    whole, rest = divmod(int(round(weight * n)), n) if n else (0, 0)
+    whole, rest = _copies(n, weight)
     rng = np.random.default_rng([seed, corpus, 0xB7] + ([epoch] if epoch else []))  # epoch 0: as before epochs
     drawn = np.sort(rng.choice(n, size=rest, replace=False))
     return np.concatenate([np.tile(np.arange(n, dtype=np.int64), whole), drawn.astype(np.int64)])
 
 
+def _copies(n: int, weight: float) -> tuple[int, int]:
+    """(whole copies, pairs drawn) of a corpus of n pairs at `weight` an epoch (2.5: 2 copies and n / 2 drawn),
+    from the rounded total, so that a weight of 0.9999999999999999 (data.temperature=1) is one whole copy."""
+    return divmod(int(round(weight * n)), n) if n else (0, 0)
+
+
 def _drawn(n: int, weight: float) -> int:
     """How many of a corpus's n pairs the fraction of its weight draws each epoch (weight 2.5: n / 2)."""
-    return divmod(int(round(weight * n)), n)[1] if n else 0  # by the rounded total: weight 0.99999… is 1
+    return _copies(n, weight)[1]
 
 
 def _tag_id(vocab: Vocab, tag: str | None, split: str) -> int | None:
