@@ -421,16 +421,17 @@ def test_a_stream_of_redrawn_epochs_batches_each_epochs_own_rows():
 def test_a_redrawn_stream_resumes_and_deals_to_ranks_as_one_rank_would(resume_world, resume_k):
     src, tgt = random_lengths(1500)
     stream = lambda **kw: BatchStream(src, tgt, max_tokens=700, seed=9, epoch_rows=redrawn(1500), **kw)  # noqa: E731
-    uninterrupted = flat(stream(update_freq=4), updates=60)  # three epochs and more
+    uninterrupted = flat(stream(update_freq=4), updates=90)  # three epochs and more
     first = stream(update_freq=4)
-    before = flat(first, updates=37)  # stops mid-epoch, after the first epoch
+    before = flat(first, updates=65)  # stops mid-epoch in the third epoch, whose draw has more batches
     state = first.state_dict()
-    assert state["epoch"] >= 1 and state["offset"] > 0 and state["batches_per_epoch"] == len(first.batches)
+    assert state["epoch"] == 2 and state["offset"] > 0 and state["batches_per_epoch"] == len(first.batches)
+    assert state["batches_per_epoch"] != len(first.batches_in(0))  # restored by the saved epoch's own count
     resumed = [stream(world_size=resume_world, rank=r, update_freq=resume_k) for r in range(resume_world)]
     for s in resumed:
         s.load_state_dict(dict(state))
     after = []
-    for _ in range(23):
+    for _ in range(25):
         after += [(slot, ix.tolist()) for s in resumed for slot, ix in s.next_update()]
     assert before + after == uninterrupted
 
